@@ -1,0 +1,30 @@
+"""MXFP8 and Gemma-norm operators (`torch.ops.mxfuse.*`), their references and kernels.
+
+Importing this package registers the ops with torch.library (the only global state
+mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
+"""
+
+from mxfuse.ops.library import (
+    MxfuseInputError,
+    gemma_fused_add_rmsnorm,
+    gemma_fused_add_rmsnorm_mxfp8,
+    gemma_rmsnorm,
+    gemma_rmsnorm_mxfp8,
+    mxfp8_linear,
+    mxfp8_quantize,
+    mxfp8_swizzle_scales,
+)
+from mxfuse.ops.reference import BLOCK, dequantize
+
+__all__ = [
+    "BLOCK",
+    "MxfuseInputError",
+    "dequantize",
+    "gemma_fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm_mxfp8",
+    "gemma_rmsnorm",
+    "gemma_rmsnorm_mxfp8",
+    "mxfp8_linear",
+    "mxfp8_quantize",
+    "mxfp8_swizzle_scales",
+]

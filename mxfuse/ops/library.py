@@ -1,0 +1,361 @@
+"""The `mxfuse::` operators: schemas, input checks, fake impls, CPU and CUDA impls.
+
+Each op is a `torch.library.custom_op`, so it stays ONE opaque node in the post-grad
+graph (passes can match it) and is functional (no mutation, no aliasing). The CPU
+impl is the reference in :mod:`mxfuse.ops.reference`; the CUDA impl launches Triton
+kernels imported on first call, so importing mxfuse needs no GPU.
+
+Optional outputs keep fixed positions (a schema cannot vary its arity): `y` of the
+fused ops is an empty tensor unless `emit_y=True`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mxfuse.ops import reference
+from mxfuse.ops.reference import BLOCK
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+QUANT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8 = torch.float8_e4m3fn
+
+
+class MxfuseInputError(ValueError):
+    """Bad input to an mxfuse op; the message names the op, the shapes and dtypes."""
+
+
+def _fail(op: str, message: str):
+    raise MxfuseInputError(f"mxfuse::{op}: {message}")
+
+
+def _describe(t: Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device.type}"
+
+
+def _check_rows(op: str, x: Tensor, dtypes=ACTIVATION_DTYPES, name: str = "x") -> int:
+    if x.dim() < 1:
+        _fail(op, f"{name} must have a last (hidden) dimension, got a scalar")
+    k = x.shape[-1]
+    if k % BLOCK:
+        _fail(op, f"hidden size K={k} of {name} {_describe(x)} is not a multiple of {BLOCK}")
+    if x.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        _fail(op, f"{name} {_describe(x)} has dtype {x.dtype}; expected one of {allowed}")
+    return k
+
+
+def _check_same_device(op: str, **tensors: Tensor):
+    devices = {name: t.device for name, t in tensors.items()}
+    if len({d.type for d in devices.values()}) > 1 or len(set(devices.values())) > 1:
+        _fail(op, "inputs are on different devices: " + ", ".join(f"{n} on {d}" for n, d in devices.items()))
+
+
+def _check_norm(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> int:
+    k = _check_rows(op, x)
+    if weight.shape != (k,):
+        _fail(op, f"weight {_describe(weight)} must have shape ({k},) to match x {_describe(x)}")
+    if not weight.is_floating_point():
+        _fail(op, f"weight {_describe(weight)} must be floating point")
+    tensors = {"x": x, "weight": weight}
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            _fail(op, f"residual {_describe(residual)} must match x {_describe(x)} in shape and dtype")
+        tensors["residual"] = residual
+    _check_same_device(op, **tensors)
+    return k
+
+
+def _rows(x: Tensor, k: int) -> Tensor:
+    """`[M, K]` view of `[..., K]` with a unit last stride (copies only when it must)."""
+    x2 = x.reshape(-1, k)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _scales_shape(lead: tuple, k: int, swizzled: bool) -> tuple:
+    if swizzled:
+        m = 1
+        for d in lead:
+            m = m * d
+        return ((m + 127) // 128 * 128, (k // BLOCK + 3) // 4 * 4)
+    return (*lead, k // BLOCK)
+
+
+def _empty_y(x: Tensor) -> Tensor:
+    return x.new_empty(0)
+
+
+# ---------------------------------------------------------------- gemma_rmsnorm
+
+
+@torch.library.custom_op("mxfuse::gemma_rmsnorm", mutates_args=())
+def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Gemma RMSNorm: `normalize(x) * (1 + weight)` in fp32, rounded to x's dtype."""
+    k = _check_norm("gemma_rmsnorm", x, weight)
+    return reference.gemma_rmsnorm(_rows(x, k), weight, eps).reshape(x.shape)
+
+
+@gemma_rmsnorm.register_fake
+def _(x, weight, eps):
+    _check_norm("gemma_rmsnorm", x, weight)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@gemma_rmsnorm.register_kernel("cuda")
+def _(x, weight, eps):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm("gemma_rmsnorm", x, weight)
+    y, _ = triton_norm_quant.gemma_norm(_rows(x, k), None, weight, eps)
+    return y.reshape(x.shape)
+
+
+# ------------------------------------------------------ gemma_fused_add_rmsnorm
+
+
+@torch.library.custom_op("mxfuse::gemma_fused_add_rmsnorm", mutates_args=())
+def gemma_fused_add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """`s = x + residual` in fp32; returns `(gemma_norm(s), s.to(dtype))`. Functional."""
+    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps)
+    return y.reshape(x.shape), res.reshape(x.shape)
+
+
+@gemma_fused_add_rmsnorm.register_fake
+def _(x, residual, weight, eps):
+    _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        x, memory_format=torch.contiguous_format
+    )
+
+
+@gemma_fused_add_rmsnorm.register_kernel("cuda")
+def _(x, residual, weight, eps):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    y, res = triton_norm_quant.gemma_norm(_rows(x, k), _rows(residual, k), weight, eps)
+    return y.reshape(x.shape), res.reshape(x.shape)
+
+
+# -------------------------------------------------------------- mxfp8_quantize
+
+
+@torch.library.custom_op("mxfuse::mxfp8_quantize", mutates_args=())
+def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
+    """MXFP8 codes (e4m3, shape of x) and E8M0 scales (`[..., K/32]`, or F8_128x4 when swizzled)."""
+    k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
+    codes, scales = reference.quantize_rows(_rows(x, k))
+    return codes.reshape(x.shape), _layout(scales, x.shape[:-1], k, swizzled)
+
+
+@mxfp8_quantize.register_fake
+def _(x, swizzled=False):
+    k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8)
+
+
+@mxfp8_quantize.register_kernel("cuda")
+def _(x, swizzled=False):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
+    codes, scales = triton_norm_quant.quantize(_rows(x, k), swizzled)
+    return codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK)
+
+
+def _layout(scales: Tensor, lead, k: int, swizzled: bool) -> Tensor:
+    return reference.swizzle_scales(scales) if swizzled else scales.reshape(*lead, k // BLOCK)
+
+
+# ---------------------------------------------------------- gemma_rmsnorm_mxfp8
+
+
+@torch.library.custom_op("mxfuse::gemma_rmsnorm_mxfp8", mutates_args=())
+def gemma_rmsnorm_mxfp8(
+    x: Tensor, weight: Tensor, eps: float, swizzled: bool = False, emit_y: bool = False, weight_offset: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gemma norm and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
+
+    Bitwise equal to `mxfp8_quantize(gemma_rmsnorm(x, weight, eps), swizzled)`.
+    `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
+    when the graph already holds `1 + w`).
+    """
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
+    codes, scales = reference.quantize_rows(y)
+    return (
+        codes.reshape(x.shape),
+        _layout(scales, x.shape[:-1], k, swizzled),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+@gemma_rmsnorm_mxfp8.register_fake
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    return (
+        x.new_empty(x.shape, dtype=FP8),
+        x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
+        x.new_empty(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+@gemma_rmsnorm_mxfp8.register_kernel("cuda")
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    codes, scales, _, y = triton_norm_quant.fused_norm_quant(
+        _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset
+    )
+    return (
+        codes.reshape(x.shape),
+        scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+# ------------------------------------------------ gemma_fused_add_rmsnorm_mxfp8
+
+
+@torch.library.custom_op("mxfuse::gemma_fused_add_rmsnorm_mxfp8", mutates_args=())
+def gemma_fused_add_rmsnorm_mxfp8(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    round_sum: bool = False,
+    weight_offset: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Residual add, Gemma norm and MXFP8 quant in one pass: `(codes, scales, residual_out, y)`.
+
+    Bitwise equal to quantizing `gemma_fused_add_rmsnorm`'s y. `round_sum=True`
+    normalizes the dtype-rounded sum instead of the fp32 sum: the order of a
+    Hugging Face layer (`residual + hidden` in bf16, then the norm).
+    """
+    op = "gemma_fused_add_rmsnorm_mxfp8"
+    k = _check_norm(op, x, weight, residual)
+    y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
+    codes, scales = reference.quantize_rows(y)
+    return (
+        codes.reshape(x.shape),
+        _layout(scales, x.shape[:-1], k, swizzled),
+        res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+@gemma_fused_add_rmsnorm_mxfp8.register_fake
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    return (
+        x.new_empty(x.shape, dtype=FP8),
+        x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
+        x.new_empty(x.shape),
+        x.new_empty(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+@gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    codes, scales, res, y = triton_norm_quant.fused_norm_quant(
+        _rows(x, k),
+        _rows(residual, k),
+        weight,
+        eps,
+        swizzled=swizzled,
+        emit_y=emit_y,
+        round_sum=round_sum,
+        weight_offset=weight_offset,
+    )
+    return (
+        codes.reshape(x.shape),
+        scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK),
+        res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+# -------------------------------------------------------- mxfp8_swizzle_scales
+
+
+def _check_scales_2d(op: str, scales: Tensor):
+    if scales.dim() != 2 or scales.dtype != torch.uint8:
+        _fail(op, f"scales {_describe(scales)} must be 2-D uint8 row-major E8M0 scales [M, K/32]")
+
+
+@torch.library.custom_op("mxfuse::mxfp8_swizzle_scales", mutates_args=())
+def mxfp8_swizzle_scales(scales: Tensor) -> Tensor:
+    """Row-major `[M, K/32]` E8M0 scales -> F8_128x4 `[pad128(M), pad4(K/32)]` (zero padded)."""
+    _check_scales_2d("mxfp8_swizzle_scales", scales)
+    return reference.swizzle_scales(scales)
+
+
+@mxfp8_swizzle_scales.register_fake
+def _(scales):
+    _check_scales_2d("mxfp8_swizzle_scales", scales)
+    m, s = scales.shape
+    return scales.new_empty(((m + 127) // 128 * 128, (s + 3) // 4 * 4))
+
+
+@mxfp8_swizzle_scales.register_kernel("cuda")
+def _(scales):
+    from mxfuse.ops import triton_norm_quant
+
+    _check_scales_2d("mxfp8_swizzle_scales", scales)
+    return triton_norm_quant.swizzle_scales(scales)
+
+
+# ---------------------------------------------------------------- mxfp8_linear
+
+
+def _check_linear(codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype) -> int:
+    op = "mxfp8_linear"
+    if codes.dtype != FP8 or weight_codes.dtype != FP8:
+        _fail(op, f"codes {_describe(codes)} and weight_codes {_describe(weight_codes)} must be float8_e4m3fn")
+    k = _check_rows(op, codes, (FP8,), "codes")
+    if weight_codes.dim() != 2 or weight_codes.shape[1] != k:
+        _fail(op, f"weight_codes {_describe(weight_codes)} must be [N, {k}] to match codes {_describe(codes)}")
+    if scales.dtype != torch.uint8 or tuple(scales.shape) != (*codes.shape[:-1], k // BLOCK):
+        _fail(op, f"scales {_describe(scales)} must be uint8 row-major {(*codes.shape[:-1], k // BLOCK)}")
+    n = weight_codes.shape[0]
+    if weight_scales.dtype != torch.uint8 or tuple(weight_scales.shape) != (n, k // BLOCK):
+        _fail(op, f"weight_scales {_describe(weight_scales)} must be uint8 row-major ({n}, {k // BLOCK})")
+    if out_dtype not in QUANT_INPUT_DTYPES:
+        _fail(op, f"out_dtype {out_dtype} must be bfloat16, float16 or float32")
+    _check_same_device(op, codes=codes, scales=scales, weight_codes=weight_codes, weight_scales=weight_scales)
+    return k
+
+
+@torch.library.custom_op("mxfuse::mxfp8_linear", mutates_args=())
+def mxfp8_linear(
+    codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
+) -> Tensor:
+    """`dequant(codes) @ dequant(weight).T` in out_dtype; activation scales row-major."""
+    k = _check_linear(codes, scales, weight_codes, weight_scales, out_dtype)
+    out = reference.mxfp8_linear(codes.reshape(-1, k), scales.reshape(-1, k // BLOCK), weight_codes, weight_scales, out_dtype)
+    return out.reshape(*codes.shape[:-1], weight_codes.shape[0])
+
+
+@mxfp8_linear.register_fake
+def _(codes, scales, weight_codes, weight_scales, out_dtype):
+    _check_linear(codes, scales, weight_codes, weight_scales, out_dtype)
+    return codes.new_empty((*codes.shape[:-1], weight_codes.shape[0]), dtype=out_dtype)
+
+
+@mxfp8_linear.register_kernel("cuda")
+def _(codes, scales, weight_codes, weight_scales, out_dtype):
+    from mxfuse.ops import triton_gemm
+
+    k = _check_linear(codes, scales, weight_codes, weight_scales, out_dtype)
+    out = triton_gemm.mxfp8_linear(
+        codes.reshape(-1, k), scales.reshape(-1, k // BLOCK), weight_codes, weight_scales, out_dtype
+    )
+    return out.reshape(*codes.shape[:-1], weight_codes.shape[0])

@@ -1,0 +1,135 @@
+"""Plain-PyTorch reference implementations: the executable form of DESIGN.md's contracts.
+
+These run on any device and are what the CPU ops dispatch to. The Triton kernels
+must reproduce them bit for bit where the contract says bitwise (quantization,
+fused vs. unfused) and within the stated tolerance where it does not (the norm's
+reduction order on GPU vs. CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BLOCK = 32
+"""Values per E8M0 scale (MX block size)."""
+E4M3_MAX = 448.0
+E8M0_BIAS = 127
+E8M0_MAX = 254
+_FLT_MIN_BITS = 0x00800000  # smallest normal fp32
+_E4M3_MAX_EXP_BITS = 0x600000  # mantissa of 448 = 1.75 * 2**8
+
+
+def e8m0_scale_from_amax(amax: Tensor) -> Tensor:
+    """`clamp(ceil(log2(max(amax, FLT_MIN) / 448)) + 127, 0, 254)`, computed exactly.
+
+    Float `log2` is not exact near powers of two (and is approximate on GPUs), so the
+    ceiling is derived from the bits of amax: with `amax = m * 2**E`, `m` in [1, 2),
+    `amax / 448 = (m / 1.75) * 2**(E - 8)`, whose log2 ceiling is `E - 8` if
+    `m <= 1.75`, else `E - 7`. NaN amax must be removed by the caller; +Inf gives 254.
+    """
+    bits = amax.float().clamp_min(torch.finfo(torch.float32).tiny).view(torch.int32)
+    biased_exp = bits >> 23
+    above = ((bits & 0x7FFFFF) > _E4M3_MAX_EXP_BITS).to(torch.int32)
+    sb = biased_exp - 8 + above
+    sb = torch.where(biased_exp == 255, E8M0_MAX, sb)  # +Inf amax
+    return sb.clamp(0, E8M0_MAX).to(torch.uint8)
+
+
+def e8m0_multiplier(sb: Tensor) -> Tensor:
+    """`2**(127 - sb)` as fp32, built from bits (never a division by a subnormal)."""
+    e = E8M0_MAX - sb.to(torch.int32)  # biased exponent of 2**(127 - sb)
+    normal = (e.clamp_min(1) << 23).view(torch.float32)
+    return torch.where(e == 0, torch.full_like(normal, 2.0**-127), normal)
+
+
+def e8m0_to_float(sb: Tensor) -> Tensor:
+    """`2**(sb - 127)` as fp32 (exact for sb in [1, 254]; sb = 0 is 2**-127, subnormal)."""
+    e = sb.to(torch.int32)
+    normal = (e.clamp_min(1) << 23).view(torch.float32)
+    return torch.where(e == 0, torch.full_like(normal, 2.0**-127), normal)
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """MXFP8-quantize `[M, K]` rows: e4m3 codes `[M, K]` and row-major E8M0 scales `[M, K/32]`.
+
+    Non-finite values: NaN is ignored by the block amax and encodes as NaN; +-Inf makes
+    the block scale 254 and encodes as +-448 (what the GPU's saturating convert does).
+    """
+    m, k = x.shape
+    v = x.float().reshape(m, k // BLOCK, BLOCK)
+    a = v.abs()
+    amax = torch.where(torch.isnan(a), 0.0, a).amax(dim=-1, keepdim=True)
+    sb = e8m0_scale_from_amax(amax)
+    q = v * e8m0_multiplier(sb)
+    q = torch.where(torch.isinf(v), torch.copysign(torch.full_like(q, E4M3_MAX), v), q)
+    codes = q.to(torch.float8_e4m3fn).reshape(m, k)
+    return codes, sb.reshape(m, k // BLOCK)
+
+
+def swizzle_scales(scales: Tensor) -> Tensor:
+    """Row-major `[M, S]` E8M0 scales -> the F8_128x4 layout `[pad128(M), pad4(S)]`, zero padded.
+
+    Rows are padded to 128 and scale columns to 4, viewed as `[M/128, 4, 32, S/4, 4]`,
+    dims 1 and 3 swapped, flattened; returned 2-D so its size is readable at a glance.
+    """
+    m, s = scales.shape
+    mp, sp = _round_up(m, 128), _round_up(s, 4)
+    padded = scales.new_zeros(mp, sp)
+    padded[:m, :s] = scales
+    tiles = padded.view(mp // 128, 4, 32, sp // 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(mp, sp)
+
+
+def unswizzle_scales(swizzled: Tensor, m: int, s: int) -> Tensor:
+    """Inverse of :func:`swizzle_scales` (drops the padding)."""
+    mp, sp = swizzled.shape
+    tiles = swizzled.reshape(mp // 128, sp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(mp, sp)[:m, :s]
+
+
+def gemma_norm_rows(s: Tensor, weight: Tensor, eps: float, dtype: torch.dtype, weight_offset: float = 1.0) -> Tensor:
+    """`(s * rsqrt(mean(s*s) + eps) * (weight.f32 + offset)).to(dtype)` for fp32 rows `s`."""
+    variance = (s * s).mean(dim=-1, keepdim=True)
+    return (s * torch.rsqrt(variance + eps) * (weight.float() + weight_offset)).to(dtype)
+
+
+def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) -> Tensor:
+    return gemma_norm_rows(x.float(), weight, eps, x.dtype, weight_offset)
+
+
+def gemma_fused_add_rmsnorm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, round_sum: bool = False, weight_offset: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Residual add then norm. `round_sum` normalizes the dtype-rounded sum (Hugging Face order)."""
+    s = x.float() + residual.float()
+    residual_out = s.to(x.dtype)
+    if round_sum:
+        s = residual_out.float()
+    return gemma_norm_rows(s, weight, eps, x.dtype, weight_offset), residual_out
+
+
+def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
+    k = x.shape[-1]
+    codes, scales = quantize_rows(x.reshape(-1, k))
+    if swizzled:
+        return codes.reshape(x.shape), swizzle_scales(scales)
+    return codes.reshape(x.shape), scales.reshape(*x.shape[:-1], k // BLOCK)
+
+
+def dequantize(codes: Tensor, scales: Tensor) -> Tensor:
+    """fp32 values of `[..., K]` codes with row-major `[..., K/32]` scales (exact)."""
+    k = codes.shape[-1]
+    blocks = codes.float().reshape(*codes.shape[:-1], k // BLOCK, BLOCK)
+    return (blocks * e8m0_to_float(scales).unsqueeze(-1)).reshape(codes.shape)
+
+
+def mxfp8_linear(
+    codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
+) -> Tensor:
+    """`dequant(codes) @ dequant(weight).T` accumulated in fp32, rounded once to out_dtype."""
+    return (dequantize(codes, scales) @ dequantize(weight_codes, weight_scales).T).to(out_dtype)
+
+
+def _round_up(n, multiple: int):
+    return (n + multiple - 1) // multiple * multiple
