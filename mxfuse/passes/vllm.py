@@ -1,0 +1,41 @@
+"""The mxfuse pass as a vLLM `InductorPass` (imports vLLM: load only when vLLM is loaded).
+
+vLLM resolves `"mxfuse.vllm_pass"` from its compilation config with
+`__import__("mxfuse").__dict__["vllm_pass"]`; :mod:`mxfuse` binds that attribute to
+:func:`vllm_pass` as soon as vLLM's pass module exists. Options come from the
+`MXFUSE_OPTIONS` environment variable (JSON), read at each call and in `uuid()`, so
+vLLM's compile cache follows them.
+"""
+
+from __future__ import annotations
+
+from torch import fx
+from vllm.compilation.passes.inductor_pass import InductorPass
+
+from mxfuse.passes import post_grad
+from mxfuse.passes.options import PassOptions
+
+
+class MxfuseVllmPass(InductorPass):
+    """mxfuse's rewrites, run by vLLM's PostGradPassManager after its own fusions."""
+
+    def __init__(self, options: PassOptions | None = None):
+        self._options = options
+        self.last_report: post_grad.PassReport | None = None
+
+    @property
+    def options(self) -> PassOptions:
+        return self._options if self._options is not None else PassOptions.from_env()
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.last_report = post_grad.run(graph, self.options)
+
+    def uuid(self) -> str:
+        return post_grad.cache_key(self.options)
+
+    def __repr__(self) -> str:
+        return f"MxfuseVllmPass({self.options})"
+
+
+def vllm_pass() -> MxfuseVllmPass:
+    return MxfuseVllmPass()

@@ -1,0 +1,87 @@
+"""Small, pure helpers over FX nodes shared by the rewrites."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+
+def fake(node: Any) -> torch.Tensor | None:
+    """The FakeTensor recorded on a node (None for non-nodes and nodes without one)."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def is_call(node: Any, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument `name` of a call, passed positionally at `index` or by keyword."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
+    """`{i: [getitem(node, i), ...]}` for a multi-output node."""
+    found: dict[int, list[fx.Node]] = {}
+    for user in node.users:
+        if is_call(user, operator.getitem) and user.args[0] is node:
+            found.setdefault(user.args[1], []).append(user)
+    return found
+
+
+def single_getitem(node: fx.Node, index: int) -> fx.Node | None:
+    """The getitem(node, index) user if there is exactly one; None if there is none."""
+    users = getitem_users(node).get(index, [])
+    if len(users) > 1:
+        raise ValueError(f"{node} has {len(users)} getitem({index}) users; run CSE first")
+    return users[0] if users else None
+
+
+def static_int(value: Any) -> int | None:
+    """`value` as a Python int when it is static (an int, or a SymInt known to be one)."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        return value.node.maybe_as_int()
+    return None
+
+
+def constant_float(value: Any) -> float | None:
+    """A Python float/int literal baked into the graph (not a graph input or SymFloat)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def fake_mode_of(*nodes: fx.Node):
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([fake(n) for n in nodes if fake(n) is not None])
+
+
+def call(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
+    """Insert `target(*args, **kwargs)` at the graph's insert point with its fake value in meta."""
+    kwargs = kwargs or {}
+    node = graph.call_function(target, args, kwargs)
+    mode = fake_mode_of(*[a for a in (*args, *kwargs.values()) if isinstance(a, fx.Node)])
+    fake_args = fx.node.map_arg(args, lambda n: n.meta["val"])
+    fake_kwargs = fx.node.map_arg(kwargs, lambda n: n.meta["val"])
+    with mode:
+        node.meta["val"] = target(*fake_args, **fake_kwargs)
+    return node
+
+
+def getitem(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
+    out = graph.call_function(operator.getitem, (node, index))
+    out.meta["val"] = node.meta["val"][index]
+    return out

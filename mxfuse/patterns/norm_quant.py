@@ -1,0 +1,149 @@
+"""Rewrite 1: a Gemma norm whose output is MXFP8-quantized becomes one fused op.
+
+Before (any norm form of :mod:`mxfuse.patterns.norms`, any quant of :mod:`.quants`)::
+
+    y, res_out = gemma_fused_add_rmsnorm(x, res, w, eps)
+    q, s       = mxfp8_quantize(y, swizzled)        # -> mxfp8_linear(q, s, ...)
+    other(y)                                         # optional bf16 user
+
+After::
+
+    q, s, res_out, y = gemma_fused_add_rmsnorm_mxfp8(x, res, w, eps, swizzled, emit_y=<other users>)
+
+The scale layout comes from the quant node. Quants of the same layout share the
+fused outputs; a quant with the other layout keeps reading `y` (then emitted). A
+quant that does not read the norm directly (e.g. across an all-gather) is not
+touched here: that is rewrite 2's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from mxfuse.patterns.fx_utils import call, getitem
+from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
+from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
+
+NAME = "norm_quant"
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One planned rewrite: a norm and the quants that its fused op replaces."""
+
+    norm: NormMatch
+    quants: tuple[QuantMatch, ...]
+    swizzled: bool
+    emit_y: bool
+
+    @property
+    def replaced(self) -> list[fx.Node]:
+        return [self.norm.y, *(q.node for q in self.quants)]
+
+    @property
+    def kind(self) -> str:
+        layout = "swizzled" if self.swizzled else "rowmajor"
+        return f"{self.norm.kind}->{self.quants[0].form}_quant:{layout}{'+y' if self.emit_y else ''}"
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A norm left alone, and why (shown by `mxfuse explain` and the debug log)."""
+
+    norm: NormMatch
+    reason: str
+
+
+def plan(graph: fx.Graph, options=None) -> tuple[list[Fusion], list[Skip]]:
+    """Decide every rewrite without touching the graph."""
+    fusions, skips = [], []
+    for norm in find_norms(graph):
+        if _is_dead(norm):
+            continue  # left behind by an earlier rewrite; erased after the pass
+        verdict = plan_one(norm)
+        (fusions if isinstance(verdict, Fusion) else skips).append(verdict)
+    return fusions, skips
+
+
+def _is_dead(norm: NormMatch) -> bool:
+    return not norm.y.users and (norm.residual_out is None or not norm.residual_out.users)
+
+
+def plan_one(norm: NormMatch) -> Fusion | Skip:
+    reason = reject_reason(norm)
+    if reason is not None:
+        return Skip(norm, reason)
+    quants = quant_users(norm.y)
+    if not quants:
+        return Skip(norm, no_quant_reason(norm))
+    usable = [q for q in quants if quant_reject_reason(q) is None]
+    if not usable:
+        return Skip(norm, quant_reject_reason(quants[0]))
+    chosen = tuple(q for q in usable if q.swizzled == usable[0].swizzled and q.form == usable[0].form)
+    replaced = {q.node for q in chosen}
+    emit_y = any(user not in replaced for user in norm.y.users)
+    return Fusion(norm, chosen, usable[0].swizzled, emit_y)
+
+
+def no_quant_reason(norm: NormMatch) -> str:
+    from mxfuse.patterns.collectives import match_all_gather  # only for the message
+
+    for user in norm.y.users:
+        if match_all_gather(user) is not None:
+            return "its output crosses an all-gather before the quant (rewrite 2, sp_gather, decides)"
+    return "no MXFP8 quant reads its output"
+
+
+def apply(graph: fx.Graph, fusion: Fusion, options=None) -> fx.Node | None:
+    """Insert the fused op and rewire the users; returns the fused node (None: no longer applies).
+
+    The plan is re-derived from the graph first: an earlier fusion may have rewired
+    this norm's inputs (chained layers). Dead nodes stay; the pass erases them.
+    """
+    found = match_norm(fusion.norm.y)
+    fusion = plan_one(found) if found is not None else None
+    if not isinstance(fusion, Fusion):
+        return None
+    norm, mx = fusion.norm, torch.ops.mxfuse
+    flags = {"swizzled": fusion.swizzled, "emit_y": fusion.emit_y, "weight_offset": norm.weight_offset}
+    with graph.inserting_before(norm.anchor):
+        if norm.has_residual:
+            op, args = mx.gemma_fused_add_rmsnorm_mxfp8.default, (norm.x, norm.residual, norm.weight, norm.eps)
+            flags["round_sum"] = norm.round_sum
+        else:
+            op, args = mx.gemma_rmsnorm_mxfp8.default, (norm.x, norm.weight, norm.eps)
+        fused = call(graph, op, args, flags)
+        fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
+        codes, scales = getitem(graph, fused, 0), getitem(graph, fused, 1)
+        if norm.residual_out is not None:
+            residual_out = getitem(graph, fused, 2)
+        if fusion.emit_y:
+            y = getitem(graph, fused, 3 if norm.has_residual else 2)
+        if fusion.quants[0].flat_swizzled_scales:
+            scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
+    for quant in fusion.quants:
+        _replace(quant.codes, codes)
+        _replace(quant.scales, scales)
+    if norm.residual_out is not None:
+        norm.residual_out.replace_all_uses_with(residual_out)
+    if fusion.emit_y:
+        replaced = {q.node for q in fusion.quants}
+        norm.y.replace_all_uses_with(y, delete_user_cb=lambda user: user not in replaced)
+    return fused
+
+
+def _replace(old: fx.Node | None, new: fx.Node):
+    if old is not None:
+        old.replace_all_uses_with(new)
+
+
+def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16, device="cpu"):
+    """Small `(x, residual, weight, eps)` for building graphs of every form in tests."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
+    residual = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
+    weight = (0.1 * torch.randn(k, generator=g)).to(dtype=dtype, device=device)
+    return x, residual, weight, 1e-6

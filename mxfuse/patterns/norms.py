@@ -1,0 +1,253 @@
+"""Recognizers for every form a Gemma RMSNorm takes in a post-grad graph.
+
+A recognizer is anchored at the node that holds the norm's output `y` and returns a
+:class:`NormMatch` (what a replacement needs: inputs, eps, numerics mode, the nodes
+holding `y` and `residual_out`) or None. Forms:
+
+- ``mxfuse``: `mxfuse::gemma_rmsnorm` / `gemma_fused_add_rmsnorm` (getitem 0 is y);
+- ``flashinfer``: `flashinfer::gemma_rmsnorm` / `gemma_fused_add_rmsnorm`, in place,
+  under `auto_functionalized` (v1, vLLM) or `auto_functionalized_v2` (torch default);
+- ``vllm_ir``: `vllm_ir::rms_norm` / `fused_add_rms_norm` called with an fp32 weight
+  (vLLM's `GemmaRMSNorm` passes `weight.float() + 1.0`);
+- ``hf``: the decomposed ATen of Hugging Face's `GemmaRMSNorm` / `MiniMaxM3VLRMSNorm`,
+  with the `residual + hidden` add in front of it folded in (its sum is rounded to the
+  activation dtype before the norm, so the replacement needs `round_sum=True`).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import fx
+from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
+
+from mxfuse.patterns.fx_utils import arg, constant_float, fake, is_call, single_getitem
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+
+@dataclass(frozen=True)
+class NormMatch:
+    """A Gemma norm found in a graph, in the terms of the mxfuse fused ops."""
+
+    form: str
+    x: fx.Node
+    residual: fx.Node | None
+    weight: fx.Node
+    eps: float | None  # None: eps is not a graph constant (see `reject_reason`)
+    y: fx.Node
+    residual_out: fx.Node | None
+    anchor: fx.Node  # first node of the norm; replacements are inserted before it
+    round_sum: bool = False
+    weight_offset: float = 1.0
+
+    @property
+    def has_residual(self) -> bool:
+        return self.residual is not None
+
+    @property
+    def kind(self) -> str:
+        return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"
+
+
+def reject_reason(norm: NormMatch) -> str | None:
+    """Why the fused kernel cannot stand in for this norm (None: it can)."""
+    x = fake(norm.x)
+    if x is None:
+        return "no fake tensor on the norm input (graph not traced with shapes)"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
+    k = x.shape[-1]
+    if not isinstance(k, int):
+        return f"hidden size {k} is symbolic"
+    if k % 32:
+        return f"hidden size K={k} is not a multiple of 32"
+    if norm.eps is None:
+        return "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
+    w = fake(norm.weight)
+    if w is None or tuple(w.shape) != (k,):
+        return f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)"
+    if norm.residual is not None:
+        r = fake(norm.residual)
+        if r is None or r.shape != x.shape or r.dtype != x.dtype:
+            return "residual does not match the input in shape and dtype"
+    if x.device != w.device:
+        return f"input on {x.device}, weight on {w.device}"
+    return None
+
+
+# --------------------------------------------------------------------- mxfuse ops
+
+
+def _match_mxfuse(y: fx.Node) -> NormMatch | None:
+    ops = torch.ops.mxfuse
+    if is_call(y, ops.gemma_rmsnorm.default):
+        x, w, eps = (arg(y, i, n) for i, n in enumerate(("x", "weight", "eps")))
+        return NormMatch("mxfuse", x, None, w, constant_float(eps), y, None, y)
+    if is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], ops.gemma_fused_add_rmsnorm.default):
+        norm = y.args[0]
+        x, r, w, eps = (arg(norm, i, n) for i, n in enumerate(("x", "residual", "weight", "eps")))
+        return NormMatch("mxfuse", x, r, w, constant_float(eps), y, single_getitem(norm, 1), norm)
+    return None
+
+
+# ---------------------------------------------------------------- flashinfer ops
+
+
+def _flashinfer_ops():
+    ns = torch.ops.flashinfer
+    if not hasattr(ns, "gemma_rmsnorm"):  # hasattr tries to load; False unless flashinfer.norm was imported
+        return None, None
+    return ns.gemma_rmsnorm.default, ns.gemma_fused_add_rmsnorm.default
+
+
+def _match_flashinfer(y: fx.Node) -> NormMatch | None:
+    if not (is_call(y, operator.getitem) and is_call(y.args[0], auto_functionalized, auto_functionalized_v2)):
+        return None
+    plain_op, add_op = _flashinfer_ops()
+    af = y.args[0]
+    op, kw = af.args[0], af.kwargs
+    v2 = af.target is auto_functionalized_v2
+    if plain_op is None or op not in (plain_op, add_op):
+        return None
+    if v2 and any(k.endswith(("_size", "_stride", "_storage_offset", "_slice_dim")) for k in kw):
+        return None  # mutated views of a base: not the plain case we can replace
+    if op is plain_op:
+        # outputs: (None, out); `out` is the mutated buffer
+        x = kw["input"]
+        if y.args[1] != 1:
+            return None
+        return NormMatch("flashinfer", x, None, kw["weight"], constant_float(kw["eps"]), y, None, af)
+    # gemma_fused_add_rmsnorm mutates input (-> y) and residual (-> input + residual)
+    if y.args[1] != 1:
+        return None
+    if v2:
+        bases = kw["_all_bases"]
+        x, r = bases[kw["_input_base_index"]], bases[kw["_residual_base_index"]]
+    else:
+        x, r = kw["input"], kw["residual"]
+    return NormMatch("flashinfer", x, r, kw["weight"], constant_float(kw["eps"]), y, single_getitem(af, 2), af)
+
+
+# --------------------------------------------------------------------- vLLM IR
+
+
+def _gemma_weight(weight: fx.Node) -> tuple[fx.Node, float] | None:
+    """`(w, offset)` with the norm's multiplier = `w.f32 + offset`, for an fp32 weight node."""
+    w = fake(weight)
+    if w is None or w.dtype != torch.float32:
+        return None  # a bf16 weight means `x.to(bf16) * w`: Llama numerics, not Gemma
+    if is_call(weight, aten.add.Tensor) and constant_float(weight.args[1]) == 1.0:
+        inner = weight.args[0]
+        if is_call(inner, prims.convert_element_type.default) and not _is_alpha(weight):
+            return inner.args[0], 1.0
+    return weight, 0.0
+
+
+def _is_alpha(node: fx.Node) -> bool:
+    return "alpha" in node.kwargs
+
+
+def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
+    ns = torch.ops.vllm_ir
+    if not (hasattr(ns, "rms_norm") and hasattr(ns, "fused_add_rms_norm")):
+        return None
+    if is_call(y, ns.rms_norm.default):
+        norm, x, r, out_res = y, arg(y, 0, "x"), None, None
+        w, eps, vsize = arg(y, 1, "weight"), arg(y, 2, "epsilon"), arg(y, 3, "variance_size")
+    elif is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], ns.fused_add_rms_norm.default):
+        norm = y.args[0]
+        x, r = arg(norm, 0, "x"), arg(norm, 1, "x_residual")
+        w, eps, vsize = arg(norm, 2, "weight"), arg(norm, 3, "epsilon"), arg(norm, 4, "variance_size")
+        out_res = single_getitem(norm, 1)
+    else:
+        return None
+    if vsize is not None or w is None:
+        return None
+    gemma = _gemma_weight(w)
+    if gemma is None:
+        return None
+    weight, offset = gemma
+    return NormMatch("vllm_ir", x, r, weight, constant_float(eps), y, out_res, norm, weight_offset=offset)
+
+
+# ------------------------------------------------------------- Hugging Face ATen
+
+
+def _commuted_mul(a, b, **kw):
+    return [CallFunction(aten.mul.Tensor, a, b, **kw), CallFunction(aten.mul.Tensor, b, a, **kw)]
+
+
+@cache
+def hf_norm_patterns() -> tuple:
+    """Pattern expressions of `(x.f32 * rsqrt(mean(x.f32**2) + eps) * (1 + w.f32)).to(dtype)`.
+
+    Both operand orders of each multiply; eps, dims and the exponent are captured and
+    checked by the recognizer, so any eps matches.
+    """
+    s32 = CallFunction(prims.convert_element_type.default, KeywordArg("s"), torch.float32, _users=MULTIPLE)
+    mean = CallFunction(
+        aten.mean.dim, CallFunction(aten.pow.Tensor_Scalar, s32, KeywordArg("exponent")), KeywordArg("dims"), True
+    )
+    rsqrt = CallFunction(aten.rsqrt.default, CallFunction(aten.add.Tensor, mean, KeywordArg("eps")))
+    w32 = CallFunction(prims.convert_element_type.default, KeywordArg("w"), torch.float32)
+    one_plus_w = [CallFunction(aten.add.Tensor, w32, 1.0), CallFunction(aten.add.Tensor, 1.0, w32)]
+    patterns = []
+    for normed in _commuted_mul(s32, rsqrt):
+        for scale in one_plus_w:
+            for product in _commuted_mul(normed, scale):
+                patterns.append(CallFunction(prims.convert_element_type.default, product, KeywordArg("dtype")))
+    return tuple(patterns)
+
+
+def _match_hf(y: fx.Node) -> NormMatch | None:
+    if not is_call(y, prims.convert_element_type.default):
+        return None
+    for pattern in hf_norm_patterns():
+        m = pattern.match(y)
+        if m:
+            break
+    else:
+        return None
+    s, w, eps = m.kwargs["s"], m.kwargs["w"], m.kwargs["eps"]
+    s_val = fake(s)
+    if s_val is None or m.kwargs["dtype"] != s_val.dtype or constant_float(m.kwargs["exponent"]) != 2.0:
+        return None
+    if list(m.kwargs["dims"]) not in ([-1], [s_val.dim() - 1]):
+        return None
+    anchor = next(n for n in m.nodes if is_call(n, prims.convert_element_type.default) and n.args[0] is s)
+    if _is_residual_add(s):
+        return NormMatch("hf", s.args[0], s.args[1], w, constant_float(eps), y, s, s, round_sum=True)
+    return NormMatch("hf", s, None, w, constant_float(eps), y, None, anchor)
+
+
+def _is_residual_add(node: fx.Node) -> bool:
+    """`residual + hidden` of two tensors of one shape and dtype (a Hugging Face residual add)."""
+    if not is_call(node, aten.add.Tensor) or _is_alpha(node) or len(node.args) != 2:
+        return False
+    a, b, out = fake(node.args[0]), fake(node.args[1]), fake(node)
+    return a is not None and b is not None and a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype
+
+
+# --------------------------------------------------------------------- registry
+
+RECOGNIZERS = (_match_mxfuse, _match_flashinfer, _match_vllm_ir, _match_hf)
+
+
+def match_norm(y: fx.Node) -> NormMatch | None:
+    """The Gemma norm whose output `y` is, in any known form; None if `y` is not one."""
+    for recognize in RECOGNIZERS:
+        found = recognize(y)
+        if found is not None:
+            return found
+    return None
+
+
+def find_norms(graph: fx.Graph) -> list[NormMatch]:
+    """Every Gemma norm output in the graph, in graph order."""
+    return [m for m in map(match_norm, graph.nodes) if m is not None]
+
