@@ -24,6 +24,7 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from mxfuse.patterns.fx_utils import arg, constant_float, fake, is_call, single_getitem
 
@@ -62,22 +63,25 @@ def reject_reason(norm: NormMatch) -> str | None:
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
     k = x.shape[-1]
-    if not isinstance(k, int):
-        return f"hidden size {k} is symbolic"
-    if k % 32:
-        return f"hidden size K={k} is not a multiple of 32"
+    if not statically_known_true(k % 32 == 0):
+        return f"hidden size K={k} is not a multiple of 32" if isinstance(k, int) else f"hidden size {k} is symbolic"
     if norm.eps is None:
         return "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
     w = fake(norm.weight)
-    if w is None or tuple(w.shape) != (k,):
+    if w is None or w.dim() != 1 or not statically_known_true(w.shape[0] == k):
         return f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)"
     if norm.residual is not None:
         r = fake(norm.residual)
-        if r is None or r.shape != x.shape or r.dtype != x.dtype:
+        if r is None or r.dtype != x.dtype or not same_shape(r.shape, x.shape):
             return "residual does not match the input in shape and dtype"
     if x.device != w.device:
         return f"input on {x.device}, weight on {w.device}"
     return None
+
+
+def same_shape(a, b) -> bool:
+    """Shapes provably equal (dims may be symbolic)."""
+    return len(a) == len(b) and all(statically_known_true(p == q) for p, q in zip(a, b))
 
 
 # --------------------------------------------------------------------- mxfuse ops

@@ -1,0 +1,410 @@
+"""Rewrite 1 (norm -> MXFP8 quant): one small graph per source form and variant."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from graph_helpers import (
+    FUSED_ADD,
+    FUSED_PLAIN,
+    NORM_ADD,
+    NORM_PLAIN,
+    QUANT,
+    assert_bitwise,
+    compile_with_pass,
+)
+
+import mxfuse  # noqa: F401
+from mxfuse.ops import reference
+from mxfuse.patterns import norm_quant
+from mxfuse.passes import post_grad
+from mxfuse.passes.options import PassOptions
+
+mx = torch.ops.mxfuse
+K = 64
+
+
+def inputs(m=5, k=K, dtype=torch.bfloat16):
+    x, residual, weight, _ = norm_quant.example_inputs(m, k, dtype)
+    return x, residual, weight
+
+
+def check(fn, args, expect_after, *, dynamic=False, **options):
+    """Compile with the pass, compare to eager bitwise, return the capture."""
+    compiled, capture = compile_with_pass(fn, dynamic=dynamic, **options)
+    with torch.no_grad():
+        assert_bitwise(compiled(*args), fn(*args))
+    for op, count in expect_after.items():
+        assert capture.after[op] == count, (op, capture.after)
+    return capture
+
+
+# ---------------------------------------------------------------- mxfuse op forms
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_fused_add_norm_then_quant_fuses(swizzled):
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        codes, scales = mx.mxfp8_quantize(y, swizzled)
+        return codes, scales, res
+
+    capture = check(fn, inputs(m=37), {FUSED_ADD: 1, NORM_ADD: 0, QUANT: 0})
+    layout = "swizzled" if swizzled else "rowmajor"
+    assert capture.report.matched == {f"mxfuse:fused_add->mxfuse_quant:{layout}": 1}
+    assert f"swizzled = {swizzled}" in capture.graph_text
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_plain_norm_then_quant_fuses(swizzled):
+    def fn(x, weight):
+        return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6), swizzled)
+
+    x, _, w = inputs(m=130)
+    check(fn, (x, w), {FUSED_PLAIN: 1, NORM_PLAIN: 0, QUANT: 0})
+
+
+def test_norm_output_with_another_user_is_emitted():
+    def fn(x, residual, weight, w_bf16):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        codes, scales = mx.mxfp8_quantize(y)
+        return codes, scales, res, y @ w_bf16  # a bf16 projection also reads y
+
+    x, r, w = inputs()
+    capture = check(fn, (x, r, w, torch.randn(K, 16, dtype=torch.bfloat16)), {FUSED_ADD: 1, NORM_ADD: 0, QUANT: 0})
+    assert "emit_y = True" in capture.graph_text
+
+
+def test_two_quants_same_layout_share_one_fused_op():
+    def fn(x, weight):
+        y = mx.gemma_rmsnorm(x, weight, 1e-6)
+        a, sa = mx.mxfp8_quantize(y)
+        b, sb = mx.mxfp8_quantize(y)
+        return a, sa, b, sb
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {FUSED_PLAIN: 1, QUANT: 0})
+    assert "emit_y = False" in capture.graph_text
+
+
+def test_two_quants_of_different_layouts_one_fuses_other_reads_y():
+    def fn(x, weight):
+        y = mx.gemma_rmsnorm(x, weight, 1e-6)
+        a, sa = mx.mxfp8_quantize(y, False)
+        b, sb = mx.mxfp8_quantize(y, True)
+        return a, sa, b, sb
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {FUSED_PLAIN: 1, NORM_PLAIN: 0, QUANT: 1})
+    assert "emit_y = True" in capture.graph_text
+
+
+@pytest.mark.parametrize("eps", [1e-5, 3.7e-7])
+def test_any_eps_constant_matches(eps):
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, eps)
+        return (*mx.mxfp8_quantize(y), res)
+
+    capture = check(fn, inputs(), {FUSED_ADD: 1})
+    assert repr(eps) in capture.graph_text
+
+
+def test_fp16_activations_fuse():
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        return (*mx.mxfp8_quantize(y), res)
+
+    check(fn, inputs(dtype=torch.float16), {FUSED_ADD: 1, QUANT: 0})
+
+
+def test_3d_inputs_fuse():
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        return (*mx.mxfp8_quantize(y), res)
+
+    x, r, w = inputs(m=12)
+    check(fn, (x.view(3, 4, K), r.view(3, 4, K), w), {FUSED_ADD: 1, QUANT: 0})
+
+
+def test_dynamic_token_counts_compile_once_and_stay_fused():
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        return (*mx.mxfp8_quantize(y), res)
+
+    compiled, capture = compile_with_pass(fn, dynamic=True)
+    with torch.no_grad():
+        for m in (3, 17, 64):
+            args = inputs(m=m)
+            assert_bitwise(compiled(*args), fn(*args))
+    assert capture.calls == 1
+    assert capture.after[FUSED_ADD] == 1 and capture.after[QUANT] == 0
+
+
+# --------------------------------------------------------------- left alone
+
+
+def test_quant_of_something_else_is_left_alone():
+    def fn(x):
+        return mx.mxfp8_quantize(x * 2)
+
+    capture = check(fn, (inputs()[0],), {QUANT: 1})
+    assert capture.after == capture.before and not capture.report.matched
+
+
+def test_norm_without_quant_is_left_alone_with_a_reason():
+    def fn(x, weight):
+        return mx.gemma_rmsnorm(x, weight, 1e-6) * 3
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {NORM_PLAIN: 1})
+    assert capture.after == capture.before
+    assert [s[3] for s in capture.report.skipped] == ["no MXFP8 quant reads its output"]
+
+
+def test_fp32_activations_are_left_alone():
+    def fn(x, weight):
+        h = x.float()
+        y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + weight.float())).type_as(h)
+        return mx.mxfp8_quantize(y)
+
+    x, _, w = inputs()
+    capture = check(fn, (x.float(), w), {QUANT: 1})
+    assert not capture.report.matched
+
+
+def test_fuse_norm_quant_option_off_leaves_graph():
+    def fn(x, weight):
+        return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6))
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {NORM_PLAIN: 1, QUANT: 1}, fuse_norm_quant=False)
+    assert capture.after == capture.before
+
+
+# ------------------------------------------------------------ Hugging Face form
+
+
+def hf_gemma_norm(h, weight, eps):
+    """transformers' GemmaRMSNorm / MiniMaxM3VLRMSNorm forward, verbatim in substance."""
+    x = h.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * (1.0 + weight.float())).type_as(h)
+
+
+def test_hf_decomposed_norm_with_residual_add_fuses_with_rounded_sum():
+    def fn(hidden, residual, weight):
+        hidden = residual + hidden
+        residual = hidden
+        return (*mx.mxfp8_quantize(hf_gemma_norm(hidden, weight, 1e-6)), residual)
+
+    capture = check(fn, inputs(m=33), {FUSED_ADD: 1, QUANT: 0, "aten.rsqrt.default": 0})
+    assert "round_sum = True" in capture.graph_text
+    assert capture.report.matched == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
+
+
+def test_hf_decomposed_plain_norm_fuses():
+    def fn(hidden, weight):
+        return mx.mxfp8_quantize(hf_gemma_norm(hidden, weight, 1e-5), True)
+
+    x, _, w = inputs(m=33)
+    check(fn, (x, w), {FUSED_PLAIN: 1, QUANT: 0})
+
+
+def test_hf_norm_with_non_multiple_of_32_hidden_and_no_quant_is_left_alone():
+    def fn(hidden, weight):
+        return hf_gemma_norm(hidden, weight, 1e-6)
+
+    x, _, w = inputs(k=48)
+    capture = check(fn, (x, w), {})
+    assert capture.after == capture.before
+    assert "not a multiple of 32" in capture.report.skipped[0][3]
+
+
+# ------------------------------------------------------------ vLLM and FlashInfer
+
+
+@pytest.fixture(scope="module")
+def vllm_ops():
+    pytest.importorskip("vllm")
+    import vllm.ir.ops  # noqa: F401  (vllm_ir.rms_norm / fused_add_rms_norm)
+    import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
+
+    return torch.ops.vllm
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_vllm_quant_after_mxfuse_norm_fuses(vllm_ops, swizzled):
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        codes, scales = vllm_ops.mxfp8_quantize(y, swizzled, 0)
+        return codes, scales, res
+
+    capture = check(fn, inputs(m=37), {FUSED_ADD: 1, "vllm::mxfp8_quantize": 0})
+    assert capture.report.matched == {f"mxfuse:fused_add->vllm_quant:{'swizzled' if swizzled else 'rowmajor'}": 1}
+
+
+@pytest.mark.vllm
+def test_vllm_ir_gemma_norms_fuse(vllm_ops):
+    def fn(x, residual, weight):
+        y0 = torch.ops.vllm_ir.rms_norm(x, weight.float() + 1.0, 1e-6)
+        y1, res = torch.ops.vllm_ir.fused_add_rms_norm(x, residual, weight.float() + 1.0, 1e-6)
+        return (*vllm_ops.mxfp8_quantize(y0, False, 0), *mx.mxfp8_quantize(y1), res)
+
+    capture = check_foreign(fn, inputs(m=9))
+    assert capture.after[FUSED_PLAIN] == 1 and capture.after[FUSED_ADD] == 1
+    assert capture.after["vllm_ir::rms_norm"] == 0 and capture.after["vllm_ir::fused_add_rms_norm"] == 0
+
+
+@pytest.mark.vllm
+def test_vllm_ir_llama_norm_with_bf16_weight_is_not_gemma(vllm_ops):
+    def fn(x, weight):
+        return mx.mxfp8_quantize(torch.ops.vllm_ir.rms_norm(x, weight, 1e-6))
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {QUANT: 1})
+    assert not capture.report.matched
+
+
+def check_foreign(fn, args):
+    """Compile with the pass; codes within one e4m3 step and scales equal vs. the unfused compile."""
+    compiled, capture = compile_with_pass(fn)
+    with torch.no_grad():
+        assert_within_foreign_bound(compiled(*args), fn(*args))
+    return capture
+
+
+def assert_within_foreign_bound(actual, expected):
+    """The bound stated for foreign norms (README): bf16/fp16 tensors within 1 ulp, codes
+    within one e4m3 step, scales equal except by one at an exact power-of-two boundary."""
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and a.dtype == e.dtype
+        if a.dtype == torch.float8_e4m3fn:
+            step = (a.view(torch.uint8).int() - e.view(torch.uint8).int()).abs()
+            assert int(step.max()) <= 1 if step.numel() else True
+        elif a.dtype == torch.uint8:
+            assert int((a.int() - e.int()).abs().max()) <= 1 if a.numel() else True
+        else:
+            assert int((a.view(torch.int16).int() - e.view(torch.int16).int()).abs().max()) <= 1
+
+
+@pytest.fixture(scope="module")
+def flashinfer_ops():
+    """FlashInfer's in-place Gemma norms as torch ops, with FlashInfer's schemas.
+
+    FlashInfer 0.7 no longer registers them with torch.library (its register_custom_op
+    is a no-op), so define them here with the exact schemas older releases and vLLM
+    graphs carry; the CPU impl is the Gemma reference, in place."""
+    ns = torch.ops.flashinfer
+    if not hasattr(ns, "gemma_fused_add_rmsnorm"):
+        lib = torch.library.Library("flashinfer", "FRAGMENT")  # noqa: F841 - kept alive by the fixture
+        lib.define("gemma_rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool? enable_pdl) -> ()")
+        lib.define(
+            "gemma_fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
+            "bool? enable_pdl) -> ()"
+        )
+
+        def plain(out, input, weight, eps, enable_pdl):
+            out.copy_(reference.gemma_rmsnorm(input, weight, eps))
+
+        def fused_add(input, residual, weight, eps, enable_pdl):
+            y, res = reference.gemma_fused_add_rmsnorm(input, residual, weight, eps)
+            input.copy_(y)
+            residual.copy_(res)
+
+        lib.impl("gemma_rmsnorm", plain, "CompositeExplicitAutograd")
+        lib.impl("gemma_fused_add_rmsnorm", fused_add, "CompositeExplicitAutograd")
+        lib._register_fake("gemma_rmsnorm", lambda *a: None)
+        lib._register_fake("gemma_fused_add_rmsnorm", lambda *a: None)
+        yield ns
+        lib._destroy()
+    else:
+        yield ns
+
+
+@pytest.mark.parametrize("functionalized_v2", [False, True], ids=["auto_functionalized", "auto_functionalized_v2"])
+def test_flashinfer_inplace_norms_fuse(flashinfer_ops, functionalized_v2):
+    def fn(x, residual, weight):
+        x, residual = x.clone(), residual.clone()
+        flashinfer_ops.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6, None)
+        out = torch.empty_like(x)
+        flashinfer_ops.gemma_rmsnorm(out, residual, weight, 1e-6, None)
+        return (*mx.mxfp8_quantize(x), *mx.mxfp8_quantize(out, True), residual)
+
+    with torch._inductor.config.patch(enable_auto_functionalized_v2=functionalized_v2):
+        capture = check(fn, inputs(m=9), {FUSED_ADD: 1, FUSED_PLAIN: 1, QUANT: 0})
+    assert set(capture.report.matched) == {
+        "flashinfer:fused_add->mxfuse_quant:rowmajor",
+        "flashinfer:plain->mxfuse_quant:swizzled",
+    }
+    assert "flashinfer" not in capture.graph_text
+
+
+# ------------------------------------------------------------- pass machinery
+
+
+def test_a_failing_rewrite_leaves_the_graph_exactly_as_it_was(monkeypatch):
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        return (*mx.mxfp8_quantize(y), res)
+
+    real_apply = norm_quant.apply
+
+    def apply_then_fail(graph, fusion, options=None):
+        real_apply(graph, fusion, options)  # mutate first, so the rollback has work to do
+        raise RuntimeError("injected failure")
+
+    graphs = {}
+
+    def run_and_record(graph, options):
+        graphs["before"] = str(graph)
+        monkeypatch.setattr(norm_quant, "apply", apply_then_fail)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = real_run(graph, options)
+        graphs["after"], graphs["warnings"], graphs["report"] = str(graph), caught, report
+        graph.lint()
+        return report
+
+    real_run = post_grad.run
+    monkeypatch.setattr(post_grad, "run", run_and_record)
+    compiled, capture = compile_with_pass(fn)
+    with torch.no_grad():
+        args = inputs()
+        assert_bitwise(compiled(*args), fn(*args))
+    assert graphs["after"] == graphs["before"]
+    message = str(graphs["warnings"][0].message)
+    assert "norm_quant (mxfuse:fused_add->mxfuse_quant:rowmajor)" in message and "injected failure" in message
+    assert graphs["report"].failed and not graphs["report"].matched
+    assert capture.after[NORM_ADD] == 1 and capture.after[QUANT] == 1
+
+
+def test_options_are_validated():
+    with pytest.raises(TypeError, match="unknown mxfuse option"):
+        mxfuse.post_grad_pass(fuse_norm_qaunt=True)
+    with pytest.raises(ValueError, match="sp_gather"):
+        mxfuse.post_grad_pass(sp_gather="fp8")
+    assert isinstance(mxfuse.post_grad_pass(), torch._inductor.custom_graph_pass.CustomGraphPass)
+
+
+def test_uuid_depends_on_options_but_not_on_dump_dir():
+    base = mxfuse.post_grad_pass().uuid()
+    assert mxfuse.post_grad_pass(sp_gather="bf16").uuid() != base
+    assert mxfuse.post_grad_pass(fuse_norm_quant=False).uuid() != base
+    assert mxfuse.post_grad_pass(dump_dir="/tmp/x").uuid() == base
+    assert PassOptions().cache_key() == PassOptions(sp_gather="auto").cache_key()
+
+
+def test_dump_dir_writes_graph_before_and_after(tmp_path):
+    def fn(x, weight):
+        return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6))
+
+    x, _, w = inputs()
+    capture = check(fn, (x, w), {FUSED_PLAIN: 1}, dump_dir=str(tmp_path))
+    before = (tmp_path / "mxfuse_000.before.py").read_text()
+    after = (tmp_path / "mxfuse_000.after.py").read_text()
+    assert "mxfuse.gemma_rmsnorm.default" in before and "mxfuse.mxfp8_quantize.default" in before
+    assert "mxfuse.gemma_rmsnorm_mxfp8.default" in after and "mxfuse.mxfp8_quantize.default" not in after
+    assert capture.report.dumps[0].endswith("mxfuse_000.before.py")
