@@ -1,0 +1,304 @@
+"""The mxfuse ops on CPU: contracts of DESIGN.md, bitwise fused == unfused, schemas, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from graph_helpers import assert_bitwise, bits
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import mxfuse  # noqa: F401
+from mxfuse.ops import MxfuseInputError, reference
+
+mx = torch.ops.mxfuse
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def special_rows(m: int, k: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """Random rows with the hard cases of the contract planted in the first rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    cases = [
+        lambda r: r.zero_(),  # all-zero row
+        lambda r: r[:32].fill_(FLT_MIN).mul_(torch.sign(torch.randn(32, generator=g))),  # smallest normal
+        lambda r: r.mul_(3e37),  # huge values
+        lambda r: r.__setitem__(3, float("nan")),  # NaN
+        lambda r: r.__setitem__(5, float("inf")),  # +Inf
+        lambda r: r.__setitem__(7, float("-inf")),  # -Inf
+        lambda r: r[:32].mul_(1e4),  # one block dominates
+        lambda r: r.mul_(1e-30),  # tiny values
+    ]
+    for row, case in zip(x, cases):
+        case(row)
+    return x.to(dtype)
+
+
+def unfused(x, residual, weight, eps, swizzled, round_sum=False):
+    if residual is None:
+        y = mx.gemma_rmsnorm(x, weight, eps)
+        return (*mx.mxfp8_quantize(y, swizzled), y)
+    if round_sum:
+        residual_out = (x + residual).to(x.dtype)
+        y = mx.gemma_rmsnorm(residual_out, weight, eps)
+    else:
+        y, residual_out = mx.gemma_fused_add_rmsnorm(x, residual, weight, eps)
+    return (*mx.mxfp8_quantize(y, swizzled), residual_out, y)
+
+
+def fused(x, residual, weight, eps, swizzled, round_sum=False):
+    if residual is None:
+        return mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, True)
+    return mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, True, round_sum)
+
+
+SHAPES = [(0, 64), (1, 64), (3, 96), (37, 160), (37, 3072), (5, 6144), (4096, 96), (130, 6144)]
+
+
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+def test_fused_equals_unfused_bitwise(m, k, residual, swizzled):
+    x = special_rows(m, k)
+    r = special_rows(m, k, seed=1).roll(1, 0) if residual else None
+    w = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(2))).to(torch.bfloat16)
+    w[:32] = 2.0**-8 - 1  # 1 + w = 2**-8
+    assert_bitwise(fused(x, r, w, 1e-6, swizzled), unfused(x, r, w, 1e-6, swizzled))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_sum_mode_equals_add_then_norm(dtype):
+    x, r = special_rows(64, 160, dtype), special_rows(64, 160, dtype, seed=3)
+    w = torch.zeros(160, dtype=dtype)
+    assert_bitwise(fused(x, r, w, 1e-5, False, True), unfused(x, r, w, 1e-5, False, True))
+
+
+def test_3d_and_row_strided_inputs():
+    base = special_rows(24, 256)
+    x = base[:, :192]  # a view with a row stride of 256
+    assert x.stride() == (256, 1)
+    w = torch.zeros(192, dtype=torch.bfloat16)
+    assert_bitwise(fused(x, None, w, 1e-6, False), unfused(x.contiguous(), None, w, 1e-6, False))
+    x3, r3 = special_rows(12, 64).view(2, 6, 64), special_rows(12, 64, seed=4).view(2, 6, 64)
+    out = fused(x3, r3, w[:64], 1e-6, False)
+    assert out[0].shape == (2, 6, 64) and out[1].shape == (2, 6, 2)
+    assert_bitwise(out, unfused(x3, r3, w[:64], 1e-6, False))
+
+
+def test_weight_offset_zero_takes_one_plus_w_in_fp32():
+    x, w = special_rows(9, 64), torch.randn(64).to(torch.bfloat16)
+    gemma = mx.gemma_rmsnorm_mxfp8(x, w, 1e-6, False, True)
+    explicit = mx.gemma_rmsnorm_mxfp8(x, w.float() + 1.0, 1e-6, False, True, 0.0)
+    assert_bitwise(explicit, gemma)
+
+
+# --------------------------------------------------------------- quantization
+
+
+def float_scale(amax: torch.Tensor) -> torch.Tensor:
+    """DESIGN.md's formula evaluated in exact (float64) arithmetic."""
+    a = amax.double().clamp_min(FLT_MIN)
+    return (torch.ceil(torch.log2(a / 448)) + 127).clamp(0, 254)
+
+
+def test_scale_formula_is_exact_at_power_of_two_boundaries():
+    e = torch.arange(-126, 127, dtype=torch.float64)
+    edges = torch.cat([448 * 2.0**e, 448 * 2.0**e * (1 + 2**-23), 448 * 2.0**e * (1 - 2**-24), 2.0**e])
+    edges = edges[(edges < 3.4e38) & (edges >= FLT_MIN)].float()
+    expected = float_scale(edges)
+    assert torch.equal(reference.e8m0_scale_from_amax(edges).double(), expected)
+
+
+def test_quantize_special_values():
+    x = torch.zeros(4, 64)
+    x[1, :32] = FLT_MIN
+    x[2, 3], x[2, 40] = float("nan"), 1.0
+    x[3, 0], x[3, 1] = float("inf"), -2.0
+    codes, scales = mx.mxfp8_quantize(x)
+    assert scales[0].tolist() == [0, 0] and not bits(codes[0]).any()  # zeros stay zeros (no NaN)
+    assert scales[1, 0] == 0 and codes[1, :32].float().eq(2.0).all()  # FLT_MIN * 2**127 = 2
+    assert torch.isnan(codes[2, 3].float()) and scales[2, 0] == 0 and scales[2, 1] == 119
+    assert scales[3, 0] == 254 and codes[3, 0].float() == 448
+
+
+def test_codes_times_scale_reconstruct_within_e4m3_precision():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g) * torch.logspace(-20, 20, 64).unsqueeze(1)
+    codes, scales = mx.mxfp8_quantize(x)
+    back = reference.dequantize(codes, scales)
+    # half an e4m3 ulp of each value (3 mantissa bits), or half the subnormal step 2**-9 of its block
+    half_subnormal_step = reference.e8m0_to_float(scales).repeat_interleave(32, dim=1) * 2.0**-10
+    assert torch.all((back - x).abs() <= torch.maximum(x.abs() * 2**-4, half_subnormal_step))
+
+
+def test_matches_vllm_torch_quantize_away_from_boundaries():
+    mxfp8 = pytest.importorskip("vllm.model_executor.layers.quantization.utils.mxfp8_utils")
+    x = torch.randn(33, 256, dtype=torch.bfloat16)
+    ours = mx.mxfp8_quantize(x)
+    theirs = mxfp8._mxfp8_e4m3_quantize_torch(x)
+    assert_bitwise(ours, theirs)
+
+
+@pytest.mark.parametrize("m,s", [(1, 1), (37, 5), (130, 6), (256, 8)])
+def test_swizzled_layout_is_f8_128x4(m, s):
+    scales = torch.randint(1, 255, (m, s), dtype=torch.uint8)
+    swizzled = mx.mxfp8_swizzle_scales(scales)
+    mp, sp = math.ceil(m / 128) * 128, math.ceil(s / 4) * 4
+    assert swizzled.shape == (mp, sp)
+    flat = swizzled.flatten()
+    for row in range(mp):
+        for col in range(sp):
+            # F8_128x4: tile (row//128, col//4) of 512 bytes; inside, row r = 32*i + j sits at j*16 + i*4 + col%4
+            i, j = (row % 128) // 32, row % 32
+            offset = ((row // 128) * (sp // 4) + col // 4) * 512 + j * 16 + i * 4 + col % 4
+            value = scales[row, col] if row < m and col < s else 0
+            assert flat[offset] == value
+    assert torch.equal(reference.unswizzle_scales(swizzled, m, s), scales)
+
+
+def test_quantize_swizzled_equals_swizzle_of_rowmajor():
+    x = special_rows(200, 96)
+    codes, scales = mx.mxfp8_quantize(x)
+    codes_sw, scales_sw = mx.mxfp8_quantize(x, True)
+    assert_bitwise((codes_sw, scales_sw), (codes, mx.mxfp8_swizzle_scales(scales)))
+
+
+# -------------------------------------------------------------------- linear
+
+
+@pytest.mark.parametrize("m,n,k", [(0, 16, 64), (1, 16, 64), (37, 48, 160), (64, 96, 512)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_linear_against_float64_reference(m, n, k, out_dtype):
+    g = torch.Generator().manual_seed(0)
+    codes, scales = mx.mxfp8_quantize(torch.randn(m, k, generator=g))
+    wc, ws = mx.mxfp8_quantize(torch.randn(n, k, generator=g) * 0.05)
+    out = mx.mxfp8_linear(codes, scales, wc, ws, out_dtype)
+    exact = reference.dequantize(codes, scales).double() @ reference.dequantize(wc, ws).double().T
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    # one rounding to out_dtype plus fp32 accumulation error
+    scale = float(exact.abs().max()) if exact.numel() else 0.0
+    tolerance = torch.finfo(out_dtype).eps * exact.abs() + 1e-5 * scale
+    assert torch.all((out.double() - exact).abs() <= tolerance)
+
+
+def test_linear_reads_views_of_a_packed_buffer():
+    m, k, n = 9, 128, 32
+    codes, scales = mx.mxfp8_quantize(torch.randn(m, k))
+    wc, ws = mx.mxfp8_quantize(torch.randn(n, k))
+    packed = torch.cat([codes.view(torch.uint8), scales], dim=1)
+    out = mx.mxfp8_linear(packed[:, :k].view(torch.float8_e4m3fn), packed[:, k:], wc, ws, torch.bfloat16)
+    assert_bitwise(out, mx.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16))
+
+
+# --------------------------------------------------------- schemas and errors
+
+
+def opcheck_cases():
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(5, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    w = torch.randn(64, dtype=torch.bfloat16)
+    codes, scales = mx.mxfp8_quantize(x)
+    return [
+        (mx.gemma_rmsnorm, (x, w, 1e-6)),
+        (mx.gemma_fused_add_rmsnorm, (x, r, w, 1e-6)),
+        (mx.mxfp8_quantize, (x, True)),
+        (mx.gemma_rmsnorm_mxfp8, (x, w, 1e-6, True, True)),
+        (mx.gemma_fused_add_rmsnorm_mxfp8, (x, r, w, 1e-6, False, True, True)),
+        (mx.mxfp8_swizzle_scales, (scales,)),
+        (mx.mxfp8_linear, (codes, scales, codes, scales, torch.bfloat16)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_opcheck_schema_fake_and_functional(case):
+    op, args = opcheck_cases()[case]
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_static")
+    if op is mx.mxfp8_linear:
+        utils = utils[1:]  # opcheck's schema check multiplies the fp8 inputs, which CPU torch cannot
+    torch.library.opcheck(op.default, args, test_utils=utils)
+
+
+def test_fake_impls_trace_symbolic_rows():
+    def fn(x, r, w):
+        codes, scales, res, y = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, True, True)
+        return codes, scales, res, y
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    args = (torch.randn(200, 64, dtype=torch.bfloat16), torch.randn(200, 64, dtype=torch.bfloat16), torch.zeros(64))
+    gm = make_fx(fn, tracing_mode="symbolic")(*args)
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert "256" not in str(out[1].meta["val"].shape)  # padded rows stay symbolic
+    assert out[1].meta["val"].shape[1] == 4
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: mx.gemma_rmsnorm(torch.randn(4, 48, dtype=torch.bfloat16), torch.zeros(48), 1e-6), r"K=48"),
+        (lambda: mx.gemma_rmsnorm(torch.randn(4, 64, dtype=torch.bfloat16), torch.zeros(32), 1e-6), r"weight"),
+        (lambda: mx.gemma_rmsnorm(torch.randn(4, 64), torch.zeros(64), 1e-6), r"float32"),
+        (
+            lambda: mx.gemma_fused_add_rmsnorm(
+                torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16), torch.zeros(64), 1e-6
+            ),
+            r"residual \(3, 64\)",
+        ),
+        (lambda: mx.mxfp8_quantize(torch.randn(4, 40)), r"K=40"),
+        (lambda: mx.mxfp8_quantize(torch.randint(0, 3, (4, 64))), r"int64"),
+        (
+            lambda: mx.mxfp8_linear(
+                *mx.mxfp8_quantize(torch.randn(4, 64)), *mx.mxfp8_quantize(torch.randn(8, 32)), torch.bfloat16
+            ),
+            r"weight_codes \(8, 32\)",
+        ),
+        (
+            lambda: mx.mxfp8_linear(
+                mx.mxfp8_quantize(torch.randn(4, 64))[0],
+                torch.zeros(4, 3, dtype=torch.uint8),
+                *mx.mxfp8_quantize(torch.randn(8, 64)),
+                torch.bfloat16,
+            ),
+            r"scales \(4, 3\)",
+        ),
+        (lambda: mx.mxfp8_swizzle_scales(torch.zeros(4, 2)), r"uint8"),
+    ],
+)
+def test_bad_input_names_the_op_and_shapes(call, message):
+    with pytest.raises(MxfuseInputError, match=r"mxfuse::\w+: .*" + message):
+        call()
+
+
+def test_mixed_devices_and_errors_at_trace_time():
+    with FakeTensorMode():
+        x = torch.empty(4, 64, dtype=torch.bfloat16)
+        w = torch.empty(64, device="meta")
+        with pytest.raises(MxfuseInputError, match="different devices"):
+            mx.gemma_rmsnorm(x, w, 1e-6)
+    with pytest.raises(Exception, match="K=48"):
+        torch.compile(lambda t: mx.mxfp8_quantize(t), backend="eager")(torch.randn(2, 48))
+
+
+# ----------------------------------------------------------------- property
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(0, 9),
+    blocks=st.integers(1, 6),
+    scale=st.sampled_from([1e-38, 1e-20, 1e-3, 1.0, 1e3, 1e30]),
+    residual=st.booleans(),
+    swizzled=st.booleans(),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_fused_equals_unfused(m, blocks, scale, residual, swizzled, dtype, seed):
+    k = 32 * blocks
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * scale).to(dtype)
+    r = (torch.randn(m, k, generator=g) * scale).to(dtype) if residual else None
+    w = torch.randn(k, generator=g).to(dtype)
+    assert_bitwise(fused(x, r, w, 1e-6, swizzled), unfused(x, r, w, 1e-6, swizzled))
