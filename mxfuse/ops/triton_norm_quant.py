@@ -276,9 +276,13 @@ def _block_k(k: int) -> int:
 
 
 def row_config(block_k: int, m: int) -> tuple[int, int]:
-    """(rows per program, num_warps) for the norm / fused kernels. Any choice gives the same bits."""
-    bm = 1 if block_k >= 2048 else min(16, 4096 // block_k)
-    bm = max(1, min(bm, _pow2(max(m, 1))))
+    """(rows per program, num_warps) for the norm / fused kernels. Any choice gives the same bits.
+
+    Depends on K only (one compiled kernel per K serves every M): BM whole rows per
+    program so a tile holds >= 2K elements, ~16 fp32 values per thread.
+    """
+    del m
+    bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 512))
     return bm, nw
 
