@@ -42,7 +42,8 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
     assert a.shape == b.shape and a.dtype == b.dtype
     if not torch.equal(bits(a), bits(b)):
         diff = (a.float() - b.float()).abs()
-        raise AssertionError(f"not bitwise equal: {(bits(a) != bits(b)).sum().item()} elements differ, max {diff.max()}")
+        n = (bits(a) != bits(b)).sum().item()
+        raise AssertionError(f"not bitwise equal: {n} elements differ, max |diff| {diff.max()}")
 
 
 class GraphRecorder(CustomGraphPass):
