@@ -1,0 +1,170 @@
+"""GPU tests of the MXFP8 GEMM `mxfuse::mxfp8_linear` (Triton, mxfuse/ops/triton_gemm.py).
+
+Compared with a float64 matmul of the exactly dequantized operands. Quantized inputs
+come from `torch.ops.mxfuse.mxfp8_quantize` (its CPU reference impl, so these tests do
+not depend on the quant kernel), moved to the GPU. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.ops.reference import dequantize
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+FP8 = torch.float8_e4m3fn
+# output tolerance per element, relative to sum_k |a_k| |w_k| (the row/column magnitude):
+# bf16 rounding is 2**-9 of |out| <= that sum; fp16 2**-12; fp32 accumulation far below.
+TOL = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10, torch.float32: 2.0**-13}
+
+
+def _quant(x: torch.Tensor):
+    codes, scales = torch.ops.mxfuse.mxfp8_quantize(x.cpu())
+    return codes.cuda(), scales.cuda()
+
+
+def _rows(m, k, seed, spread=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    if spread and m:
+        # rows and 32-blocks of very different magnitudes: scales cover a wide range
+        x = x * torch.exp2(torch.randint(-20, 21, (m, 1), generator=g).float())
+        x = x * torch.exp2(torch.randint(-6, 7, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).view(m, k)
+    return x.to(torch.bfloat16)
+
+
+def _check(out, codes, scales, wc, ws, out_dtype):
+    a = dequantize(codes, scales).double()
+    w = dequantize(wc, ws).double()
+    ref = a @ w.T
+    mag = a.abs() @ w.abs().T
+    assert out.dtype == out_dtype and out.shape == ref.shape
+    o = out.double()
+    assert torch.isfinite(o).all(), "non-finite output (unwritten or overflow)"
+    err = (o - ref).abs()
+    bad = err > TOL[out_dtype] * mag + 1e-30
+    assert not bad.any(), f"{int(bad.sum())} elements off; max err/mag {float((err / (mag + 1e-300)).max()):.3g}"
+    if ref.numel():
+        rel = float((o - ref).norm() / ref.norm().clamp_min(1e-300))
+        assert rel < TOL[out_dtype], rel
+
+
+SHAPES = [(2560, 6144), (6144, 1536), (256, 2304), (64, 96)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [0, 1, 3, 37, 64, 65, 300])
+def test_linear_vs_float64(m, n, k):
+    codes, scales = _quant(_rows(m, k, seed=m * 7 + k))
+    wc, ws = _quant(_rows(n, k, seed=n + 1, spread=False) * 0.02)
+    out = torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16)
+    _check(out, codes, scales, wc, ws, torch.bfloat16)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_large_m_and_out_dtypes(out_dtype):
+    m, n, k = 4096, 2560, 6144 if out_dtype == torch.bfloat16 else 1536
+    codes, scales = _quant(_rows(m, k, seed=11, spread=out_dtype != torch.float16))
+    wc, ws = _quant(_rows(n, k, seed=12, spread=False) * 0.02)
+    out = torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, out_dtype)
+    _check(out, codes, scales, wc, ws, out_dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 2560, 6144), (37, 6144, 2304), (1000, 256, 1536), (5, 64, 32)])
+def test_strided_packed_views(m, n, k):
+    """Activations as zero-copy views of a row-packed [M, K + K/32] byte buffer."""
+    codes, scales = _quant(_rows(m, k, seed=3))
+    buf = torch.empty(m, k + k // 32, dtype=torch.uint8, device="cuda")
+    buf[:, :k] = codes.view(torch.uint8)
+    buf[:, k:] = scales
+    c_view, s_view = buf[:, :k].view(FP8), buf[:, k:]
+    assert c_view.stride(0) == k + k // 32 and s_view.stride(0) == k + k // 32
+    wc, ws = _quant(_rows(n, k, seed=4, spread=False))
+    out = torch.ops.mxfuse.mxfp8_linear(c_view, s_view, wc, ws, torch.bfloat16)
+    _check(out, codes, scales, wc, ws, torch.bfloat16)
+    assert torch.equal(out, torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16))
+
+
+def test_every_element_written_and_leading_dims():
+    from mxfuse.ops import triton_gemm
+
+    m, n, k = 130, 200, 256  # ragged tiles on both sides
+    codes, scales = _quant(_rows(m, k, seed=5))
+    wc, ws = _quant(_rows(n, k, seed=6))
+    poison = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.float32, out=poison)
+    _check(out, codes, scales, wc, ws, torch.float32)
+    out3 = torch.ops.mxfuse.mxfp8_linear(codes.view(2, 65, k), scales.view(2, 65, k // 32), wc, ws, torch.bfloat16)
+    assert out3.shape == (2, 65, n)
+    assert torch.equal(out3.view(m, n), torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16))
+
+
+def test_extreme_scales():
+    """Blocks of zeros (scale 0), tiny and huge blocks; fp32 output to see the accumulation."""
+    m, n, k = 64, 128, 512
+    x = _rows(m, k, seed=8).float()
+    x[0] = 0
+    x[1, :32] = 0
+    x[2] *= 2.0**-100
+    x[3] *= 2.0**60
+    codes, scales = _quant(x.to(torch.float32))
+    wc, ws = _quant(_rows(n, k, seed=9).float() * 2.0**-30)
+    out = torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.float32)
+    _check(out, codes, scales, wc, ws, torch.float32)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+@pytest.mark.parametrize("variant", ["fp8", "bf16", "dot_scaled"])
+def test_variants(variant):
+    from mxfuse.ops import triton_gemm
+
+    for m, n, k in [(1, 256, 1536), (37, 128, 2304), (512, 384, 1024)]:
+        codes, scales = _quant(_rows(m, k, seed=m))
+        wc, ws = _quant(_rows(n, k, seed=n, spread=False))
+        out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant)
+        _check(out, codes, scales, wc, ws, torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "bf16"])
+@pytest.mark.parametrize("n,k", [(2560, 6144), (6144, 2304)])
+def test_batch_invariance(variant, n, k):
+    """A row's bits do not depend on M (tile shapes change with M, the K order does not)."""
+    from mxfuse.ops import triton_gemm
+
+    big = 2048
+    codes, scales = _quant(_rows(big, k, seed=21))
+    wc, ws = _quant(_rows(n, k, seed=22, spread=False) * 0.02)
+
+    def run(c, s):
+        return triton_gemm.mxfp8_linear(c, s, wc, ws, torch.bfloat16, variant=variant)
+
+    full = run(codes, scales)
+    for m in (1, 3, 16, 37, 64, 65, 200, 511, 512, 1000):
+        for start in (0, big - m):
+            part = run(codes[start : start + m], scales[start : start + m])
+            diff = (part.float() - full[start : start + m].float()).abs()
+            assert torch.equal(part, full[start : start + m]), (
+                f"variant {variant}: rows {start}..{start + m} differ from the M={big} result "
+                f"in {int((diff > 0).sum())} elements (max {float(diff.max()):.3g})"
+            )
+
+
+@pytest.mark.xfail(strict=False, reason="informational: mma.sync (BM 16) vs wgmma tiles may round a 32-chunk differently")
+@pytest.mark.parametrize("variant", ["fp8", "bf16"])
+def test_batch_invariance_mma_sync_tile(variant):
+    """Would a BM=16 (mma.sync) decode tile give the same bits as the wgmma tiles?"""
+    from mxfuse.ops import triton_gemm
+
+    n, k = 2560, 6144
+    codes, scales = _quant(_rows(512, k, seed=31))
+    wc, ws = _quant(_rows(n, k, seed=32, spread=False) * 0.02)
+    full = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant)
+    cfg = dict(BM=16, BN=16, BK=256, GROUP_M=1, num_warps=4, num_stages=4)
+    part = triton_gemm.mxfp8_linear(codes[:16], scales[:16], wc, ws, torch.bfloat16, variant=variant, config=cfg)
+    assert torch.equal(part, full[:16]), f"{int((part != full[:16]).sum())} elements differ"

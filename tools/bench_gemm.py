@@ -1,0 +1,397 @@
+"""Benchmark the MXFP8 GEMM (`mxfuse::mxfp8_linear`) on a CUDA GPU.
+
+Prints markdown tables: per (shape, M) the time of our kernel, its TFLOP/s and
+effective TB/s (bytes that must move: fp8 weight + scales, fp8 activations + scales,
+output), the ratio to bf16 cuBLAS (`torch.matmul` of the dequantized bf16 operands)
+and the speedup over the `tl.dot_scaled` baseline; then the composite
+"norm + quant + qkv GEMM" fused vs. unfused vs. bf16.
+
+Timing (DESIGN.md "Measuring"): a CUDA graph of 64 back-to-back calls cycling
+through enough input sets (weights included) that they cannot sit in L2, median of
+7 replays, per call.
+
+    PYTHONPATH=. python3 tools/bench_gemm.py [--out DIR] [--sweep] [--quick]
+
+`--sweep` also times a list of tile configurations per variant (development aid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+# TP4 shards of MiniMax-M3.1-Flash-like sizes (hidden 6144): (name, N, K)
+SHAPES = [
+    ("qkv", 2560, 6144),
+    ("o_proj", 6144, 1536),
+    ("gate_up", 4608, 6144),
+    ("down", 6144, 2304),
+]
+MS = [1, 16, 64, 256, 1024, 4096]
+L2_BYTES = 60 * 2**20
+SWEEP_DEADLINE = [float("inf")]  # wall-clock time after which --sweep stops adding configs
+CALLS = 64
+REPLAYS = 7
+
+
+# ------------------------------------------------------------------ timing
+
+
+def time_cuda_graph(calls_per_set, calls: int = CALLS, replays: int = REPLAYS) -> float:
+    """Median µs per call of a graph of `calls` calls cycling through `calls_per_set`."""
+    fns = list(calls_per_set)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:  # compile / autotune / warm outside the capture
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for j in range(calls):
+            fns[j % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1000.0 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def n_sets_for(bytes_per_set: int) -> int:
+    return int(min(32, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
+
+
+def copy_bandwidth_tbs() -> float:
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = time_cuda_graph([lambda: y.copy_(x)], calls=8, replays=5)
+    return 2 * x.numel() / (t * 1e-6) / 1e12
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _quantize(x: torch.Tensor):
+    """MXFP8 codes + row-major scales on the GPU with the exact plain-PyTorch reference
+    (the GEMM inputs must not depend on the quant kernel under test elsewhere)."""
+    from mxfuse.ops import reference
+
+    return reference.quantize_rows(x.float())
+
+
+def make_set(m, n, k, need_bf16=True):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    xc, xs = _quantize(x)
+    wc, ws = _quantize(w)
+    d = dict(xc=xc, xs=xs, wc=wc, ws=ws)
+    if need_bf16:
+        from mxfuse.ops.reference import dequantize
+
+        d["xb"] = dequantize(xc, xs).to(torch.bfloat16)
+        d["wbT"] = dequantize(wc, ws).to(torch.bfloat16).t()  # [K, N] view of an [N, K] weight (nn.Linear)
+    return d
+
+
+def set_bytes(m, n, k, bf16=False):
+    if bf16:
+        return 2 * (m * k + n * k) + 2 * m * n
+    return (m * k + n * k) * 33 // 32 + 2 * m * n
+
+
+# ------------------------------------------------------------------ main bench
+
+
+def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
+    from mxfuse.ops import triton_gemm
+
+    rows = []
+    sweep_rows = []
+    for m in ms:
+        nsets = n_sets_for(max(set_bytes(m, n, k), set_bytes(m, n, k, bf16=True) // 2))
+        sets = [make_set(m, n, k) for _ in range(nsets)]
+        bf = nsets
+        r = dict(shape=name, N=n, K=k, M=m, sets=nsets)
+        r["ours"] = time_cuda_graph(
+            [lambda d=d: torch.ops.mxfuse.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16) for d in sets]
+        )
+        r["cublas"] = time_cuda_graph([lambda d=d: torch.matmul(d["xb"], d["wbT"]) for d in sets[:bf]])
+        r["variant"] = triton_gemm.DEFAULT_VARIANT
+        other = "fp8" if r["variant"] != "fp8" else "bf16"
+        r["other"] = other
+        r["other_us"] = time_cuda_graph(
+            [
+                lambda d=d: triton_gemm.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=other)
+                for d in sets
+            ]
+        )
+        try:
+            r["dot_scaled"] = time_cuda_graph(
+                [
+                    lambda d=d: triton_gemm.mxfp8_linear(
+                        d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant="dot_scaled"
+                    )
+                    for d in sets
+                ]
+            )
+        except Exception as e:  # noqa: BLE001
+            log(f"dot_scaled failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
+            r["dot_scaled"] = float("nan")
+        if sweep_cfgs and time.time() < SWEEP_DEADLINE[0]:
+            for variant, cfg in sweep_cfgs(m):
+                try:
+                    t = time_cuda_graph(
+                        [
+                            lambda d=d: triton_gemm.mxfp8_linear(
+                                d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=variant, config=cfg
+                            )
+                            for d in sets
+                        ]
+                    )
+                except Exception as e:  # noqa: BLE001
+                    log(f"  sweep {variant} {cfg} failed: {type(e).__name__}: {str(e)[:300]}")
+                    t = float("nan")
+                sweep_rows.append(dict(shape=name, M=m, variant=variant, cfg=cfg, us=t))
+                log(f"  sweep {name} M={m} {variant} {_cfg_str(cfg)}: {t:.2f} us")
+        del sets
+        torch.cuda.empty_cache()
+        flops = 2 * m * n * k
+        r["tflops"] = flops / (r["ours"] * 1e-6) / 1e12
+        r["tbs"] = set_bytes(m, n, k) / (r["ours"] * 1e-6) / 1e12
+        rows.append(r)
+        log(
+            f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
+            f"dot_scaled {r['dot_scaled']:.2f} us, {r['other']} {r['other_us']:.2f} us"
+        )
+    return rows, sweep_rows
+
+
+def _cfg_str(cfg):
+    return f"{cfg['BM']}x{cfg['BN']}x{cfg['BK']} w{cfg['num_warps']} s{cfg['num_stages']}"
+
+
+def sweep_candidates(m):
+    """Tile configurations tried by --sweep at this M: (variant, config)."""
+    def c(bm, bn, bk, w, s, g=8):
+        return dict(BM=bm, BN=bn, BK=bk, GROUP_M=g, num_warps=w, num_stages=s)
+
+    if m <= 64:
+        return [
+            ("bf16", c(64, 16, 256, 4, 4, 1)),
+            ("bf16", c(64, 16, 128, 4, 6, 1)),
+            ("bf16", c(64, 32, 256, 4, 4, 1)),
+            ("bf16", c(16, 16, 256, 4, 4, 1)),  # mma.sync tile: batch invariance not guaranteed
+            ("fp8", c(64, 16, 256, 4, 4, 1)),
+            ("fp8", c(16, 16, 256, 4, 4, 1)),
+        ]
+    if m < 512:
+        return [
+            ("bf16", c(64, 128, 128, 4, 4)),
+            ("bf16", c(64, 64, 128, 4, 4)),
+            ("bf16", c(128, 128, 128, 8, 3)),
+            ("fp8", c(64, 128, 128, 4, 4)),
+        ]
+    return [
+        ("bf16", c(128, 256, 128, 8, 3)),
+        ("bf16", c(128, 128, 128, 8, 3)),
+        ("bf16", c(128, 128, 128, 4, 3)),
+        ("bf16", c(256, 128, 128, 8, 3)),
+        ("fp8", c(64, 128, 128, 4, 4)),
+        ("fp8", c(128, 128, 128, 8, 3)),
+        ("dot_scaled_w", c(128, 128, 128, 8, 3)),
+    ]
+
+
+def bench_composite(ms, log=print):
+    """norm + quant + qkv GEMM (N 2560, K 6144): fused vs. unfused vs. bf16."""
+    n, k = 2560, 6144
+    try:
+        from mxfuse.ops import triton_norm_quant  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        log(f"composite skipped: mxfuse.ops.triton_norm_quant not importable ({type(e).__name__}: {e})")
+        return []
+    rows = []
+    eps = 1e-6
+    for m in ms:
+        per_set = m * k * 2 * 3 + n * k * 33 // 32 + n * k * 2
+        nsets = n_sets_for(per_set)
+        sets = []
+        for _ in range(nsets):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            res = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(k, device="cuda", dtype=torch.bfloat16) * 0.1
+            wc, ws = _quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+            from mxfuse.ops.reference import dequantize
+
+            wbT = dequantize(wc, ws).to(torch.bfloat16).t()
+            sets.append(dict(x=x, res=res, w=w, wc=wc, ws=ws, wbT=wbT))
+        ops = torch.ops.mxfuse
+
+        def fused(d):
+            c, s, r, _ = ops.gemma_fused_add_rmsnorm_mxfp8(d["x"], d["res"], d["w"], eps)
+            return ops.mxfp8_linear(c, s, d["wc"], d["ws"], torch.bfloat16), r
+
+        def unfused(d):
+            y, r = ops.gemma_fused_add_rmsnorm(d["x"], d["res"], d["w"], eps)
+            c, s = ops.mxfp8_quantize(y)
+            return ops.mxfp8_linear(c, s, d["wc"], d["ws"], torch.bfloat16), r
+
+        def bf16(d):
+            y, r = ops.gemma_fused_add_rmsnorm(d["x"], d["res"], d["w"], eps)
+            return torch.matmul(y, d["wbT"]), r
+
+        row = dict(M=m)
+        try:
+            row["fused"] = time_cuda_graph([lambda d=d: fused(d) for d in sets])
+            row["unfused"] = time_cuda_graph([lambda d=d: unfused(d) for d in sets])
+            row["bf16_norm_matmul"] = time_cuda_graph([lambda d=d: bf16(d) for d in sets])
+            row["bf16_matmul"] = time_cuda_graph(
+                [lambda d=d: torch.matmul(d["x"], d["wbT"]) for d in sets]
+            )
+        except Exception as e:  # noqa: BLE001
+            log(f"composite failed at M={m}: {type(e).__name__}: {str(e)[:300]}")
+            return rows
+        rows.append(row)
+        log(f"composite M={m}: {row}")
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def gemm_table(rows, copy_tbs):
+    out = [
+        f"MXFP8 GEMM `mxfuse::mxfp8_linear` (bf16 out), {torch.cuda.get_device_name()}, "
+        f"copy bandwidth {copy_tbs:.2f} TB/s. t/cuBLAS < 1 is faster than bf16 cuBLAS.",
+        "",
+        f"Ours = variant `{rows[0]['variant'] if rows else '?'}` with default tiles; "
+        f"`{rows[0]['other'] if rows else '?'}` = the other variant, default tiles.",
+        "",
+        "| shape (N, K) | M | ours µs | TFLOP/s | TB/s | cuBLAS bf16 µs | t/cuBLAS | dot_scaled µs | speedup vs dot_scaled | other variant µs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['shape']} ({r['N']}, {r['K']}) | {r['M']} | {r['ours']:.2f} | {r['tflops']:.1f} | {r['tbs']:.2f} | "
+            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | {r['dot_scaled']:.2f} | "
+            f"{r['dot_scaled'] / r['ours']:.2f} | {r['other_us']:.2f} |"
+        )
+    return "\n".join(out)
+
+
+def composite_table(rows):
+    if not rows:
+        return "composite (norm + quant + qkv GEMM): not run (norm/quant kernels unavailable)"
+    out = [
+        "Composite: Gemma add+RMSNorm + MXFP8 quant + qkv GEMM (N 2560, K 6144), bf16 out.",
+        "",
+        "| M | fused µs | unfused µs | unfused/fused | bf16 norm+matmul µs | bf16 matmul only µs | fused/bf16 norm+matmul |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['M']} | {r['fused']:.2f} | {r['unfused']:.2f} | {r['unfused'] / r['fused']:.2f} | "
+            f"{r['bf16_norm_matmul']:.2f} | {r['bf16_matmul']:.2f} | {r['fused'] / r['bf16_norm_matmul']:.2f} |"
+        )
+    return "\n".join(out)
+
+
+def sweep_table(sweep_rows):
+    out = ["| shape | M | variant | config | µs |", "|---|---:|---|---|---:|"]
+    for r in sweep_rows:
+        out.append(f"| {r['shape']} | {r['M']} | {r['variant']} | {_cfg_str(r['cfg'])} | {r['us']:.2f} |")
+    best = {}
+    for r in sweep_rows:
+        key = (r["shape"], r["M"], r["variant"])
+        if not math.isnan(r["us"]) and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    out += ["", "Best per variant:", "", "| shape | M | variant | config | µs |", "|---|---:|---|---|---:|"]
+    for key in sorted(best, key=lambda t: (t[0], t[1], t[2])):
+        r = best[key]
+        out.append(f"| {r['shape']} | {r['M']} | {r['variant']} | {_cfg_str(r['cfg'])} | {r['us']:.2f} |")
+    return "\n".join(out)
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        return False
+    shapes = sorted({r["shape"] for r in rows}, key=[s[0] for s in SHAPES].index)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
+    for ax, s in zip(axes[0], shapes):
+        rs = [r for r in rows if r["shape"] == s]
+        ms = [r["M"] for r in rs]
+        for key, label in (("ours", "mxfp8_linear"), ("cublas", "cuBLAS bf16"), ("dot_scaled", "tl.dot_scaled")):
+            ax.plot(ms, [r[key] for r in rs], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("M")
+        ax.set_ylabel("µs")
+        ax.set_title(f"{s} N={rs[0]['N']} K={rs[0]['K']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="directory for gemm_bench.md, gemm_bench.json and gemm_bench.png")
+    ap.add_argument("--sweep", action="store_true", help="also time candidate tile configs per variant")
+    ap.add_argument("--quick", action="store_true", help="qkv shape only")
+    ap.add_argument("--ms", default=None, help="comma-separated M values")
+    ap.add_argument("--no-composite", action="store_true")
+    ap.add_argument("--sweep-seconds", type=float, default=240.0, help="stop sweeping after this many seconds")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gemm: needs a CUDA GPU")
+        return 1
+    import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
+
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    t0 = time.time()
+    SWEEP_DEADLINE[0] = t0 + args.sweep_seconds
+    copy_tbs = copy_bandwidth_tbs()
+    rows, sweep_rows = [], []
+    for name, n, k in shapes:
+        r, s = bench_shape(name, n, k, ms, sweep_candidates if args.sweep else None)
+        rows += r
+        sweep_rows += s
+    comp = [] if args.no_composite else bench_composite(ms)
+    text = gemm_table(rows, copy_tbs) + "\n\n" + composite_table(comp)
+    if sweep_rows:
+        text = sweep_table(sweep_rows) + "\n\n" + text
+    print(f"\n(bench took {time.time() - t0:.0f} s)\n")
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemm_bench.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, "gemm_bench.json"), "w") as f:
+            json.dump(dict(gemm=rows, composite=comp, sweep=sweep_rows, copy_tbs=copy_tbs), f, indent=1)
+        plot(rows, os.path.join(args.out, "gemm_bench.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
