@@ -84,4 +84,6 @@ def call(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx
 def getitem(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
     out = graph.call_function(operator.getitem, (node, index))
     out.meta["val"] = node.meta["val"][index]
+    if node.meta.get("stack_trace"):
+        out.meta["stack_trace"] = node.meta["stack_trace"]
     return out

@@ -1,0 +1,62 @@
+"""Batch invariance on CPU: a row's bits never depend on how many rows share the call.
+
+The same rows are computed inside batches of M = 1 ... 16384 (other rows random), and
+every output (codes, scales, residual_out, y) of those rows must be identical; fused
+and unfused must agree at every M. The Triton kernels get the same test on the GPU
+(tests/test_gpu_kernels.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graph_helpers import assert_bitwise
+
+import mxfuse  # noqa: F401
+from mxfuse.ops import reference
+
+mx = torch.ops.mxfuse
+BATCHES = (1, 7, 64, 257, 4096, 16384)
+PROBE_ROWS = 1  # the rows followed through every batch size (batch 1 holds only them)
+
+
+def rows(m: int, k: int, seed: int) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16) * 3
+
+
+def outputs(x, residual, weight, swizzled, fused):
+    """(codes, row-major scales, residual_out, y) of every row."""
+    if fused:
+        if residual is None:
+            codes, scales, y = mx.gemma_rmsnorm_mxfp8(x, weight, 1e-6, swizzled, True)
+            residual_out = None
+        else:
+            codes, scales, residual_out, y = mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, 1e-6, swizzled, True)
+    else:
+        if residual is None:
+            y, residual_out = mx.gemma_rmsnorm(x, weight, 1e-6), None
+        else:
+            y, residual_out = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        codes, scales = mx.mxfp8_quantize(y, swizzled)
+    if swizzled:
+        scales = reference.unswizzle_scales(scales, x.shape[0], x.shape[1] // 32)
+    return [t for t in (codes, scales, residual_out, y) if t is not None]
+
+
+@pytest.mark.parametrize("k", [6144, 3072, 160])
+@pytest.mark.parametrize("add", [True, False], ids=["fused_add", "plain"])
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+def test_rows_get_the_same_bits_in_every_batch(k, add, swizzled):
+    probe, probe_res = rows(PROBE_ROWS, k, 1), rows(PROBE_ROWS, k, 2)
+    weight = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16)
+    expected = None
+    for m in BATCHES:
+        x = torch.cat([rows(m - PROBE_ROWS, k, 10 + m), probe]) if m > PROBE_ROWS else probe
+        residual = torch.cat([rows(m - PROBE_ROWS, k, 20 + m), probe_res]) if m > PROBE_ROWS else probe_res
+        residual = residual if add else None
+        fused = outputs(x, residual, weight, swizzled, fused=True)
+        assert_bitwise(fused, outputs(x, residual, weight, swizzled, fused=False))
+        probe_out = [t[-PROBE_ROWS:] for t in fused]
+        if expected is None:
+            expected = probe_out
+        assert_bitwise(probe_out, expected)
