@@ -1,0 +1,43 @@
+"""The README's examples run, print what the README says, and its test command is CI's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_python_examples_run_and_print_what_the_readme_shows():
+    runnable = [block for block in code_blocks("python") if block.lstrip().startswith("import")]
+    assert runnable, "the README lost its torch.compile example"
+    for block in runnable:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
+        shown = [line.removeprefix("# ").strip() for line in block.splitlines() if line.startswith("# {")]
+        if shown:
+            assert printed.getvalue().strip().splitlines()[-len(shown):] == shown
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    commands = [line for block in code_blocks("bash") for line in block.splitlines() if "pytest" in line]
+    assert len(commands) == 1
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[0].strip() in ci.splitlines()
+
+
+def test_readme_names_every_pass_option():
+    from dataclasses import fields
+
+    from mxfuse.passes.options import PassOptions
+
+    for option in fields(PassOptions):
+        assert f"`{option.name}`" in README
