@@ -373,7 +373,10 @@ def test_norm_matches_cpu_reference(k, dtype):
     w = gemma_weight(k, dtype=dtype)
     y, res = ops.gemma_fused_add_rmsnorm(x, r, w, EPS)
     ry, rres = ops.gemma_fused_add_rmsnorm(x.cpu(), r.cpu(), w.cpu(), EPS)
-    assert_bitwise(res.cpu(), rres, "residual_out")
+    # residual_out: bitwise except NaN payloads (the GPU add returns the canonical NaN)
+    nan = rres.isnan()
+    assert torch.equal(res.cpu().isnan(), nan)
+    assert_bitwise(res.cpu()[~nan], rres[~nan], "residual_out")
     yp = ops.gemma_rmsnorm(x, w, EPS)
     ryp = ops.gemma_rmsnorm(x.cpu(), w.cpu(), EPS)
     for got, exp, what in ((y.cpu(), ry, "add"), (yp.cpu(), ryp, "plain")):

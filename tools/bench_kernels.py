@@ -202,13 +202,15 @@ def sweep(ks, ms, log=print):
         for m in ms:
             sets = make_sets(m, k, seed=7)
             r = {"K": k, "M": m, "default_row": tnq.row_config(tnq._block_k(k), m), "default_quant": tnq.quant_config(k, m)}
-            for nw in (4, 8, 16):
-                tnq.CONFIG_OVERRIDE["row"] = (1, nw)
-                r[f"fused_add nw{nw}"] = time_cuda_graph(lambda x, rr: ops.gemma_fused_add_rmsnorm_mxfp8(x, rr, w, EPS), sets)
-                r[f"norm_add nw{nw}"] = time_cuda_graph(lambda x, rr: ops.gemma_fused_add_rmsnorm(x, rr, w, EPS), sets)
+            for rpp, nw in ((1, 4), (1, 8), (1, 16), (4, 4), (4, 8)):
+                tnq.CONFIG_OVERRIDE["row"] = (1, rpp, nw)
+                r[f"fused_add rpp{rpp} nw{nw}"] = time_cuda_graph(
+                    lambda x, rr: ops.gemma_fused_add_rmsnorm_mxfp8(x, rr, w, EPS), sets
+                )
+                r[f"norm_add rpp{rpp} nw{nw}"] = time_cuda_graph(lambda x, rr: ops.gemma_fused_add_rmsnorm(x, rr, w, EPS), sets)
             tnq.CONFIG_OVERRIDE.clear()
             ys = [(ops.gemma_fused_add_rmsnorm(x, rr, w, EPS)[0],) for x, rr in sets]
-            for cfg in ((1, 1024, 4), (4, 1024, 8), (8, 512, 8), (2, 2048, 8), (16, 256, 8)):
+            for cfg in ((1, 1024, 4), (4, 1024, 8), (8, 512, 8), (2, 2048, 8)):
                 tnq.CONFIG_OVERRIDE["quant"] = cfg
                 r["quant bm%d bc%d nw%d" % cfg] = time_cuda_graph(lambda y: ops.mxfp8_quantize(y, False), ys)
             tnq.CONFIG_OVERRIDE.clear()

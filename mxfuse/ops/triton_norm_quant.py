@@ -14,42 +14,43 @@ Design
 Bitwise contract. Quantization is elementwise except for the block amax, and `max` is
 exact and order-free, so any tiling quantizes the same bits (NaN is removed with an
 explicit `where` before the max; the E8M0 scale and the `2**(127 - sb)` multiplier are
-built from bits; +-Inf is mapped to +-448 with explicit `where`s; the fp32 -> e4m3 cast is
-the hardware's round-to-nearest-even). The one order-dependent operation is the norm's
-sum of squares. It is done by :func:`_row_sum_of_squares`, a FIXED tree of two-element
-additions over the row zero-padded to ``BLOCK_K = max(128, next_pow2(K))`` columns:
+built from bits; +-Inf is mapped to +-448 by a clamp with `propagate_nan=ALL`, which keeps
+NaN; the fp32 -> e4m3 cast is the hardware's round-to-nearest-even). The one
+order-dependent operation is the norm's sum of squares. Its structure is fixed by K alone:
 
-1. three levels of adjacent pairs (groups of 8 contiguous columns, which a thread holds
-   in registers after a 16-byte load), then
-2. ``log2(BLOCK_K / 8)`` levels of "halves": element g is added to element g + n/2.
+- a row is split into NCH <= 4 chunks of CH = max(128, next_pow2(K) / 4) columns (CH a
+  power of two; the last chunk zero-padded);
+- the squares are first added ELEMENTWISE across chunks, ``(a^2 + b^2) + (c^2 + d^2)``
+  (an absent chunk is omitted; adding an exact +0 would change nothing);
+- the resulting CH-vector is summed by :func:`_pairwise_sum`, the bottom-up pairwise
+  tree, every level of which is a ``tl.sum`` over an axis of size 2, i.e. ONE IEEE
+  addition ``a + b``: commutative, so the result does not depend on which thread holds
+  which element, on the layout Triton picks, on num_warps or on rows per program.
 
-Every level is a ``tl.sum`` over an axis of size 2, i.e. ONE IEEE addition ``a + b``,
-which is commutative: the result does not depend on which thread holds which element,
-so it is the same for every layout Triton picks (rows per program, num_warps). Padding
-adds exact zeros. The tree depends on K only, never on M, on the regime, or on whether the
-kernel is the fused or the unfused one. The norm and the fused kernel share
-:func:`_gemma_norm_tile` (load, add, residual store, tree, rsqrt, weight), and every kernel
-is compiled with ``enable_fp_fusion=False`` so that LLVM cannot contract a multiply and an
-add into an FMA in one kernel and not in another. ``1/sqrt`` and ``/K`` use the correctly
-rounded ``sqrt_rn``/``div_rn`` (what torch's CPU rsqrt and mean compute), so the only
-difference from the CPU reference is the summation order of the sum of squares.
-Consequences: fused == unfused bitwise, and results are batch invariant (the same row
-gives the same bits inside any batch).
+The fused and the unfused norm are the same kernel (`QUANT` constexpr) and share every
+helper. All kernels are compiled with ``enable_fp_fusion=False`` so LLVM cannot contract a
+multiply and an add into an FMA in one variant and not in another. ``1/sqrt`` and ``/K``
+use the correctly rounded ``sqrt_rn``/``div_rn`` (what torch's CPU rsqrt and mean compute),
+so the only difference from the CPU reference is the summation order. Consequences:
+fused == unfused bitwise, and results are batch invariant (a row gives the same bits in
+any batch, in any regime).
 
-Regimes (launch shapes; arithmetic per row is the same in all of them):
+Regimes (launch shapes; the arithmetic of a row is the same in all of them; numbers in
+docs/perf_notes.md):
 
-- norm / fused norm+quant: a program owns a ``[BM, BLOCK_K]`` tile (BM whole rows) and
-  does one pass: read x (+ residual) once, write residual_out, y (optional) and codes +
-  scales. Large K (BLOCK_K >= 2048) uses BM = 1 (one row per program: at M >= 132 this
-  fills the machine with up to 2-3 resident programs per SM, each with 16-24 KB of loads in
-  flight); small K packs rows so a tile holds ~4K elements. num_warps grows with the tile
-  (~16 fp32 values per thread) so small M (latency-bound: one program per row) spreads a
-  row over many warps.
+- norm / fused norm+quant: a program owns tiles of BM whole rows, all NCH chunks in
+  registers, one pass: read x (+ residual) once, write residual_out, y (optional) and
+  codes + scales. All loads of a tile are issued before any store. Large K uses BM = 1.
+  Small M is latency-bound: ~16 fp32 values per thread (16 warps for K = 6144) so a row's
+  loads and arithmetic spread over many warps. Large M (>= 512) is issue/bandwidth-bound:
+  ~32 values per thread (8 warps for K = 6144, 4 for K = 3072) so more programs are
+  resident per SM. Chunking avoids the 25% of idle lanes a single power-of-two tile
+  would waste at K = 3 * 2**n.
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
-  K/1024 programs), BM rows so that a tile is ~4K-8K elements.
+  K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
-  grid covers pad128(M) rows and pad4(K/32) columns, so the zero padding is written by the
-  same launch (no memset).
+  grid covers pad128(M) rows and pad4(K/32) columns (CH >= 128 makes the chunks cover
+  them), so the zero padding is written by the same launch (no memset).
 
 Importing this module compiles nothing and makes no CUDA call; kernels compile on first
 launch. The kernels' int arguments that vary with M are excluded from Triton's value
@@ -72,59 +73,66 @@ __all__ = ["fused_norm_quant", "gemma_norm", "quantize", "swizzle_scales"]
 
 
 @triton.jit
-def _row_sum_of_squares(s, BM: tl.constexpr, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr):
-    """Fixed-tree sum of `s*s` along axis 1 of a `[BM, BLOCK_K]` fp32 tile (see module doc).
+def _pairwise_sum(v, BM: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr):
+    """Fixed-tree sum along axis 1 of a `[BM, N]` fp32 tile (N a power of two).
 
-    Each level is a sum over an axis of size 2 (one commutative IEEE add), so the
-    result is independent of the layout, of BM and of num_warps.
+    Pairwise, bottom-up: level i adds columns 2j and 2j+1 of level i-1. Each level is a
+    sum over an axis of size 2 (one commutative IEEE add), so the result does not depend
+    on the layout, on BM or on num_warps.
     """
-    v = s * s
-    # level i adds columns 2j and 2j+1 of the previous level (pairwise summation, bottom-up)
-    for i in tl.static_range(LOG_K):
-        v = tl.sum(tl.reshape(v, [BM, (BLOCK_K // 2) >> i, 2]), axis=2)
+    for i in tl.static_range(LOG_N):
+        v = tl.sum(tl.reshape(v, [BM, (N // 2) >> i, 2]), axis=2)
     return tl.reshape(v, [BM])
 
 
 @triton.jit
-def _gemma_norm_tile(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    ro_ptr,
-    rows,
-    cols,
-    row_mask,
-    col_mask,
-    K,
-    stride_x,
-    stride_r,
-    eps,
-    weight_offset,
-    round_sum,
-    HAS_RES: tl.constexpr,
-    BM: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LOG_K: tl.constexpr,
-):
-    """Norm of a `[BM, BLOCK_K]` row tile; stores residual_out; returns y in x's dtype."""
-    r2 = rows[:, None]
-    c2 = cols[None, :]
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + r2 * stride_x + c2, mask=mask, other=0.0)
+def _load_chunk(ptr, rows, stride, cols, row_mask, K):
+    """`[BM, CH]` tile of rows `rows` and columns `cols` (zero outside the matrix)."""
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, round_sum, HAS_RES: tl.constexpr):
+    """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES."""
     s = x.to(tl.float32)
     if HAS_RES:
-        r = tl.load(r_ptr + r2 * stride_r + c2, mask=mask, other=0.0)
         s = s + r.to(tl.float32)
         ro = s.to(x.dtype)
-        tl.store(ro_ptr + r2 * K + c2, ro, mask=mask)
+        mask = row_mask[:, None] & (cols < K)[None, :]
+        tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
         if round_sum != 0:
             s = ro.to(tl.float32)
-    ssq = _row_sum_of_squares(s, BM, BLOCK_K, LOG_K)
+    return s
+
+
+@triton.jit
+def _rstd(ssq, K, eps, BM: tl.constexpr):
+    """`1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what torch's CPU ops compute)."""
     var = tl.math.div_rn(ssq, K.to(tl.float32))
-    rstd = tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
-    w = tl.load(w_ptr + c2, mask=col_mask[None, :], other=0.0).to(tl.float32) + weight_offset
-    y = (s * rstd[:, None]) * w
-    return y.to(x.dtype)
+    return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+
+
+@triton.jit
+def _finish_chunk(
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, M_grid, S, SP, emit_y, swizzled,
+    dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr,
+):  # fmt: skip
+    """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
+    y = ((s * rstd[:, None]) * w).to(dtype)
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    offs = rows[:, None] * K + cols[None, :]
+    if QUANT:
+        if emit_y != 0:
+            tl.store(y_ptr + offs, y, mask=mask)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH)
+        # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
+        # so no shared-memory layout conversion between the loads and the code stores.
+        tl.store(q_ptr + tl.max_contiguous(offs, [1, 8]), codes, mask=mask)
+        scols = J * (CH // 32) + tl.arange(0, CH // 32)
+        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled)
+    else:
+        tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
@@ -145,9 +153,9 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
     mbits = tl.where(e == 0, 0x00400000, e << 23)  # e == 0: 2**-127 (subnormal)
     mult = mbits.to(tl.float32, bitcast=True)
     q = v3 * mult[:, :, None]
-    vbits = v3.to(tl.int32, bitcast=True)
-    is_inf = (vbits & 0x7FFFFFFF) == 0x7F800000
-    q = tl.where(is_inf, tl.where(vbits < 0, -448.0, 448.0), q)
+    # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
+    # NaN (propagate_nan=ALL lowers to the NaN-propagating min/max, never NaN-dropping).
+    q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     codes = tl.reshape(q.to(tl.float8e4nv), [BM, BC])
     return codes, sb
 
@@ -195,31 +203,91 @@ def _norm_kernel(
     HAS_RES: tl.constexpr,
     QUANT: tl.constexpr,
     BM: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LOG_K: tl.constexpr,
+    RPP: tl.constexpr,
+    CH: tl.constexpr,
+    NCH: tl.constexpr,
+    LOG_CH: tl.constexpr,
 ):
-    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True)."""
+    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
+
+    A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
+    held in registers. Program p handles RPP consecutive tiles of BM rows starting at row
+    p * RPP * BM; the weight is loaded once per program. All loads of a tile are issued
+    before any store, so the chunks' memory latencies overlap.
+    """
     pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
-    cols = tl.arange(0, BLOCK_K)
-    row_mask = rows < M
-    col_mask = cols < K
-    y = _gemma_norm_tile(
-        x_ptr, r_ptr, w_ptr, ro_ptr, rows, cols, row_mask, col_mask, K, stride_x, stride_r,
-        eps, weight_offset, round_sum, HAS_RES, BM, BLOCK_K, LOG_K,
-    )  # fmt: skip
-    mask = row_mask[:, None] & col_mask[None, :]
-    offs = rows[:, None] * K + cols[None, :]
-    if QUANT:
-        if emit_y != 0:
-            tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BLOCK_K)
-        # 8 codes (8 bytes) per thread: the same register layout as the 16-byte bf16 accesses,
-        # so no shared-memory layout conversion is needed between the loads and the stores.
-        tl.store(q_ptr + tl.max_contiguous(offs, [1, 8]), codes, mask=mask)
-        _store_scales(sc_ptr, sb, rows, tl.arange(0, BLOCK_K // 32), M_grid, S, SP, swizzled)
-    else:
-        tl.store(y_ptr + offs, y, mask=mask)
+    dtype = x_ptr.dtype.element_ty
+    ca = tl.arange(0, CH)
+    cb = ca + CH
+    cc = ca + 2 * CH
+    cd = ca + 3 * CH
+    wa = tl.load(w_ptr + ca[None, :], mask=(ca < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    wb = wa
+    wc = wa
+    wd = wa
+    if NCH > 1:
+        wb = tl.load(w_ptr + cb[None, :], mask=(cb < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    if NCH > 2:
+        wc = tl.load(w_ptr + cc[None, :], mask=(cc < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    if NCH > 3:
+        wd = tl.load(w_ptr + cd[None, :], mask=(cd < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    for i in range(RPP):
+        rows = (pid.to(tl.int64) * RPP + i) * BM + tl.arange(0, BM)
+        rm = rows < M
+        # ---- all loads first
+        xa = _load_chunk(x_ptr, rows, stride_x, ca, rm, K)
+        xb = xa
+        xc = xa
+        xd = xa
+        if NCH > 1:
+            xb = _load_chunk(x_ptr, rows, stride_x, cb, rm, K)
+        if NCH > 2:
+            xc = _load_chunk(x_ptr, rows, stride_x, cc, rm, K)
+        if NCH > 3:
+            xd = _load_chunk(x_ptr, rows, stride_x, cd, rm, K)
+        ra = xa
+        rb = xb
+        rc = xc
+        rd = xd
+        if HAS_RES:
+            ra = _load_chunk(r_ptr, rows, stride_r, ca, rm, K)
+            if NCH > 1:
+                rb = _load_chunk(r_ptr, rows, stride_r, cb, rm, K)
+            if NCH > 2:
+                rc = _load_chunk(r_ptr, rows, stride_r, cc, rm, K)
+            if NCH > 3:
+                rd = _load_chunk(r_ptr, rows, stride_r, cd, rm, K)
+        # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
+        # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
+        # changes nothing), then the pairwise tree over the CH columns.
+        sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, round_sum, HAS_RES)
+        sb_ = sa
+        sc_ = sa
+        sd_ = sa
+        v = sa * sa
+        if NCH > 1:
+            sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, round_sum, HAS_RES)
+            v = v + sb_ * sb_
+        if NCH > 2:
+            sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, round_sum, HAS_RES)
+            if NCH > 3:
+                sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, round_sum, HAS_RES)
+                v = v + (sc_ * sc_ + sd_ * sd_)
+            else:
+                v = v + sc_ * sc_
+        rstd = _rstd(_pairwise_sum(v, BM, CH, LOG_CH), K, eps, BM)
+        # ---- y (and quant) per chunk
+        _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, M_grid, S, SP, emit_y, swizzled,
+                      dtype, QUANT, BM, CH, 0)  # fmt: skip
+        if NCH > 1:
+            _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, M_grid, S, SP, emit_y, swizzled,
+                          dtype, QUANT, BM, CH, 1)  # fmt: skip
+        if NCH > 2:
+            _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, M_grid, S, SP, emit_y, swizzled,
+                          dtype, QUANT, BM, CH, 2)  # fmt: skip
+        if NCH > 3:
+            _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, M_grid, S, SP, emit_y, swizzled,
+                          dtype, QUANT, BM, CH, 3)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "M_grid", "swizzled"])
@@ -275,16 +343,19 @@ def _block_k(k: int) -> int:
     return max(128, _pow2(k))
 
 
-def row_config(block_k: int, m: int) -> tuple[int, int]:
-    """(rows per program, num_warps) for the norm / fused kernels. Any choice gives the same bits.
+def row_config(block_k: int, m: int) -> tuple[int, int, int]:
+    """(rows per tile BM, tiles per program RPP, num_warps) for the norm / fused kernels.
 
-    Depends on K only (one compiled kernel per K serves every M): BM whole rows per
-    program so a tile holds >= 2K elements, ~16 fp32 values per thread.
+    Any choice gives the same bits (the row arithmetic does not depend on it). Measured on
+    H200 (docs/perf_notes.md): small M is latency-bound and wants many warps per row
+    (~16 values per thread); large M is issue-bound and wants fewer warps (~32 values per
+    thread, more resident programs) and several rows per program (weight loaded once).
     """
-    del m
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
-    nw = max(4, min(16, bm * block_k // 512))
-    return bm, nw
+    per_thread = 16 if m < 512 else 32
+    nw = max(4, min(16, bm * block_k // (32 * per_thread)))
+    rpp = 4 if m >= 4096 else 1
+    return bm, rpp, nw
 
 
 def quant_config(k: int, m: int) -> tuple[int, int, int]:
@@ -296,7 +367,7 @@ def quant_config(k: int, m: int) -> tuple[int, int, int]:
     return bm, bc, nw
 
 
-# Overrides used by tools/bench_kernels.py to sweep launch shapes: {"row": (bm, nw), "quant": (bm, bc, nw)}.
+# Overrides used by tools/bench_kernels.py to sweep launch shapes: {"row": (bm, rpp, nw), "quant": (bm, bc, nw)}.
 CONFIG_OVERRIDE: dict = {}
 
 
@@ -329,15 +400,16 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     if m_grid == 0:
         return codes, scales, res_out, y
     block_k = _block_k(k)
-    bm, nw = CONFIG_OVERRIDE.get("row") or row_config(block_k, m)
-    grid = (triton.cdiv(m_grid, bm),)
+    ch = max(128, block_k // 4)
+    bm, rpp, nw = CONFIG_OVERRIDE.get("row") or row_config(block_k, m)
+    grid = (triton.cdiv(m_grid, bm * rpp),)
     r = residual if has_res else x
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
         codes if quant else x, scales if quant else x,
         m, m_grid, k, x.stride(0), r.stride(0), s, sp, float(eps), float(weight_offset),
         int(bool(round_sum and has_res)), int(bool(emit_y)), int(bool(swizzled)),
-        HAS_RES=has_res, QUANT=quant, BM=bm, BLOCK_K=block_k, LOG_K=block_k.bit_length() - 1,
+        HAS_RES=has_res, QUANT=quant, BM=bm, RPP=rpp, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
         num_warps=nw, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
