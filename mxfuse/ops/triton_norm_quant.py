@@ -354,7 +354,7 @@ def row_config(block_k: int, m: int) -> tuple[int, int, int]:
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     per_thread = 16 if m < 512 else 32
     nw = max(4, min(16, bm * block_k // (32 * per_thread)))
-    rpp = 4 if m >= 4096 else 1
+    rpp = 1  # 4 (weight loaded once per 4 rows) costs registers: see docs/perf_notes.md
     return bm, rpp, nw
 
 
