@@ -14,6 +14,11 @@ from mxfuse.ops.library import (
     mxfp8_quantize,
     mxfp8_swizzle_scales,
 )
+from mxfuse.ops.packed import (
+    gemma_fused_add_rmsnorm_mxfp8_packed,
+    gemma_rmsnorm_mxfp8_packed,
+    mxfp8_quantize_packed,
+)
 from mxfuse.ops.reference import BLOCK, dequantize
 
 __all__ = [
@@ -22,9 +27,12 @@ __all__ = [
     "dequantize",
     "gemma_fused_add_rmsnorm",
     "gemma_fused_add_rmsnorm_mxfp8",
+    "gemma_fused_add_rmsnorm_mxfp8_packed",
     "gemma_rmsnorm",
     "gemma_rmsnorm_mxfp8",
+    "gemma_rmsnorm_mxfp8_packed",
     "mxfp8_linear",
     "mxfp8_quantize",
+    "mxfp8_quantize_packed",
     "mxfp8_swizzle_scales",
 ]

@@ -37,8 +37,18 @@ class GraphTransaction:
         work = list(roots)
         while work:
             node = work.pop()
-            if getattr(node, "_erased", False) or node.op != "call_function" or node.users or node.is_impure():
+            if getattr(node, "_erased", False) or node.op != "call_function" or node.users:
+                continue
+            if node.is_impure() and not _is_functional_wait(node):
                 continue
             inputs = node.all_input_nodes
             self.graph.erase_node(node)
             work.extend(inputs)
+
+
+def _is_functional_wait(node) -> bool:
+    """`_c10d_functional.wait_tensor` (which torch marks side-effectful): once a rewrite left
+    it without users, it and its collective are dead on every rank (SPMD graph) and erasable."""
+    import torch
+
+    return node.target is torch.ops._c10d_functional.wait_tensor.default

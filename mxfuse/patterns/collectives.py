@@ -41,8 +41,9 @@ def match_all_gather(node: fx.Node) -> GatherMatch | None:
     c10d = _c10d()
     if is_call(node, c10d.all_gather_into_tensor.default):
         waits = [u for u in node.users if is_call(u, c10d.wait_tensor.default)]
-        if len(waits) != 1 or len(node.users) != 1:
-            return None
+        others = [u for u in node.users if u not in waits]
+        if len(waits) != 1 or not all(is_call(u, torch.ops.aten.sym_size.int) for u in others):
+            return None  # besides the wait, only shape reads (dynamic shapes: `sym_size(gathered, 0)`)
         x, size, group = arg(node, 0, "input"), arg(node, 1, "group_size"), arg(node, 2, "group_name")
         return GatherMatch("c10d", node, waits[0], x, size, group, 0)
     vllm_op = _vllm_all_gather()

@@ -1,0 +1,139 @@
+"""Rewrite 2 (`sp_gather`) on GPUs with NCCL: 2 processes, one GPU each (skipped without 2 GPUs).
+
+The SP reference model compiled without the pass, with `sp_gather="bf16"` and with
+`sp_gather="mxfp8"` must give bitwise the eager SP model's output on every rank (the
+fused Triton norm+quant is bitwise equal to the unfused kernels by contract), and the
+mxfp8 graph must gather uint8. Also: the packed ops' CUDA impls equal the unpacked ones.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.distributed,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+
+FP8 = torch.float8_e4m3fn
+TOKENS = (64, 96, 34)  # M_local > 1: a size-1 dim would be specialized (recompile)
+
+
+def _bits(t):
+    if t.dtype in (FP8, torch.uint8):
+        return t.view(torch.uint8)
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, queue):
+    try:
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+        import mxfuse  # noqa: F401
+        from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
+        from mxfuse.passes import post_grad
+        from mxfuse.passes.options import PassOptions
+
+        class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
+            def __init__(self, options):
+                self.options, self.gathers, self.calls = options, [], 0
+
+            def __call__(self, graph):
+                self.calls += 1
+                if self.options is not None:
+                    post_grad.run(graph, self.options)
+                ag = torch.ops._c10d_functional.all_gather_into_tensor.default
+                self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
+
+            def uuid(self):
+                return None
+
+        dev = torch.device("cuda", rank)
+        cfg = ModelConfig.tiny()
+        model = Model(cfg, sp_group=dist.group.WORLD, device=dev)
+        ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world).to(dev) for n in TOKENS}
+        results = {}
+        with torch.no_grad():
+            eager = {n: model(ids[n]) for n in TOKENS}
+            for name, opts in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+                torch._dynamo.reset()
+                cap = Capture(opts)
+                compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
+                same = []
+                for i, n in enumerate(TOKENS):
+                    x = ids[n].clone()
+                    if i == 0:
+                        torch._dynamo.mark_dynamic(x, 0)
+                    same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
+                results[name] = {"same": same, "gathers": cap.gathers, "compiles": cap.calls}
+        dist.destroy_process_group()
+        queue.put((rank, results, None))
+    except BaseException:
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def test_sp_model_bitwise_nccl():
+    import torch.multiprocessing as mp
+
+    world = 2
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = [queue.get(timeout=400) for _ in range(world)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for rank, results, error in got:
+        assert error is None, f"rank {rank} failed:\n{error}"
+        for mode in ("none", "bf16", "mxfp8"):
+            assert results[mode]["same"] == [True] * len(TOKENS), (rank, mode, results[mode])
+            assert results[mode]["compiles"] == 1, (rank, mode, results[mode])
+        assert set(results["bf16"]["gathers"]) == {"torch.bfloat16"}, results
+        assert set(results["mxfp8"]["gathers"]) == {"torch.uint8"}, results
+        assert len(results["mxfp8"]["gathers"]) == len(results["bf16"]["gathers"]), results
+
+
+@pytest.mark.parametrize("m", [1, 37, 300])
+def test_packed_cuda_equals_unpacked_cuda(m):
+    from mxfuse.ops import packed
+
+    mx = torch.ops.mxfuse
+    g = torch.Generator().manual_seed(m)
+    k = 6144
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    r = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    w = (0.1 * torch.randn(k, generator=g)).to(torch.bfloat16).cuda()
+    p, res, y = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6, emit_y=True)
+    codes, scales, res2, y2 = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, emit_y=True)
+    pc, ps = packed.unpack(p, k)
+    for a, b in ((pc, codes), (ps, scales), (res, res2), (y, y2)):
+        assert torch.equal(_bits(a), _bits(b))
+    p, _ = mx.gemma_rmsnorm_mxfp8_packed(x, w, 1e-6)
+    codes, scales, _ = mx.gemma_rmsnorm_mxfp8(x, w, 1e-6)
+    pc, ps = packed.unpack(p, k)
+    assert torch.equal(_bits(pc), _bits(codes)) and torch.equal(ps, scales)
+    pc, ps = packed.unpack(mx.mxfp8_quantize_packed(x), k)
+    codes, scales = mx.mxfp8_quantize(x)
+    assert torch.equal(_bits(pc), _bits(codes)) and torch.equal(ps, scales)

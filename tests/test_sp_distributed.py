@@ -1,0 +1,212 @@
+"""Rewrite 2 (`sp_gather`) under real torch.distributed: 2 gloo processes spawned by the test.
+
+The reference model in SP form (`mxfuse.models.Model(config, sp_group=...)`: rows split
+over the ranks, functional-collective all-gathers before qkv_proj and gate_up) is
+compiled without the pass, with `sp_gather="bf16"` and with `sp_gather="mxfp8"`, with a
+dynamic token count (3 counts, one compile). Every rank's outputs must be bitwise equal
+to the eager SP model's; the mxfp8 graph must hold one collective per gather point,
+carrying uint8. A small function in the broken form (swizzled scales quantized before
+the gather) shows wrong bits unrepaired and exact bits once the pass repairs it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+
+FP8 = torch.float8_e4m3fn
+WORLD = 2
+TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / WORLD
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bits(t):
+    if t.dtype in (FP8, torch.uint8):
+        return t.view(torch.uint8)
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+class _Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """Runs the mxfuse pass (or none) and records each gather's dtype and the report."""
+
+    def __init__(self, options=None):
+        self.options, self.calls, self.gathers, self.report = options, 0, [], None
+
+    def __call__(self, graph):
+        from mxfuse.passes import post_grad
+
+        self.calls += 1
+        if self.options is not None:
+            self.report = post_grad.run(graph, self.options)
+        ag = torch.ops._c10d_functional.all_gather_into_tensor.default
+        self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
+        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+    def uuid(self):
+        return None
+
+
+def _model_checks(rank, world, results):
+    import mxfuse  # noqa: F401
+    import torch.distributed as dist
+    from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
+    from mxfuse.passes.options import PassOptions
+
+    cfg = ModelConfig.tiny()
+    model = Model(cfg, sp_group=dist.group.WORLD)
+    ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world) for n in TOKENS}
+    with torch.no_grad():
+        eager = {n: model(ids[n]) for n in TOKENS}
+    for name, options in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+        torch._dynamo.reset()
+        capture = _Capture(options)
+        compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
+        same = []
+        with torch.no_grad():
+            for i, n in enumerate(TOKENS):
+                x = ids[n].clone()
+                if i == 0:
+                    torch._dynamo.mark_dynamic(x, 0)
+                same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
+        results[name] = {
+            "same": same,
+            "compiles": capture.calls,
+            "gathers": capture.gathers,
+            "matched": dict(capture.report.matched) if capture.report else {},
+            "failed": capture.report.failed if capture.report else None,
+            "packed_ops": sum("mxfp8_packed" in t for t in capture.targets),
+            "skipped": [s for s in capture.report.skipped if s[0] == "sp_gather"] if capture.report else [],
+        }
+
+
+def _broken_checks(rank, world, results):
+    """Broken form with different rows per rank: unrepaired wrong, repaired bitwise right."""
+    import mxfuse  # noqa: F401
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as fc
+
+    from mxfuse.ops import reference
+    from mxfuse.passes.options import PassOptions
+
+    mx = torch.ops.mxfuse
+    group = dist.group.WORLD
+    gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+    g = torch.Generator().manual_seed(11)
+    wc, ws = mx.mxfp8_quantize((torch.randn(48, 64, generator=g) / 8).to(torch.bfloat16))
+    w = (0.1 * torch.randn(64, generator=g)).to(torch.bfloat16)
+    xs = [torch.randn(5, 64, generator=g).to(torch.bfloat16) for _ in range(world)]
+
+    def gemm_swizzled(q, s):  # a GEMM reading F8_128x4 scales, in plain torch
+        m = q.shape[0]
+        rowmajor = reference.unswizzle_scales(s.reshape(-1, 4)[: (m + 127) // 128 * 128], m, 2)
+        return reference.mxfp8_linear(q, rowmajor, wc, ws, torch.bfloat16)
+
+    def broken(x):
+        q, s = mx.mxfp8_quantize(mx.gemma_rmsnorm(x, w, 1e-6), True)
+        q = gather(q.view(torch.uint8), 0, group).view(FP8)
+        return gemm_swizzled(q, gather(s, 0, group))
+
+    # the truth: the full rows, quantized after the gather, computed locally
+    with torch.no_grad():
+        full = torch.cat([mx.gemma_rmsnorm(x, w, 1e-6) for x in xs])
+        truth = gemm_swizzled(*mx.mxfp8_quantize(full, True))
+    for name, options in (("broken_unrepaired", None), ("broken_auto", PassOptions()), ("broken_bf16", PassOptions(sp_gather="bf16"))):
+        torch._dynamo.reset()
+        capture = _Capture(options)
+        compiled = torch.compile(broken, fullgraph=True, options={"post_grad_custom_post_pass": capture})
+        with torch.no_grad():
+            out = compiled(xs[rank])
+        results[name] = {
+            "same": torch.equal(_bits(out), _bits(truth)),
+            "gathers": capture.gathers,
+            "matched": dict(capture.report.matched) if capture.report else {},
+        }
+
+
+def _worker(rank: int, world: int, port: int, queue):
+    try:
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        results = {}
+        _model_checks(rank, world, results)
+        _broken_checks(rank, world, results)
+        dist.destroy_process_group()
+        queue.put((rank, results, None))
+    except BaseException:  # report, never hang the parent
+        queue.put((rank, None, traceback.format_exc()))
+
+
+@pytest.fixture(scope="module")
+def reports():
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, WORLD, port, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        got = [queue.get(timeout=300) for _ in range(WORLD)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for rank, _, error in got:
+        assert error is None, f"rank {rank} failed:\n{error}"
+    return {rank: results for rank, results, _ in got}
+
+
+@pytest.mark.distributed
+def test_sp_model_bitwise_in_every_mode(reports):
+    from mxfuse.models import ModelConfig
+
+    n_layers = ModelConfig.tiny().n_layers
+    for rank, results in reports.items():
+        for mode in ("none", "bf16", "mxfp8"):
+            r = results[mode]
+            assert r["same"] == [True] * len(TOKENS), (rank, mode, r)
+            assert r["compiles"] == 1, (rank, mode, r)  # dynamic token count: one graph
+            assert r["failed"] is None, (rank, mode, r)
+            assert len(r["gathers"]) == 2 * n_layers, (rank, mode, r)
+        assert set(results["none"]["gathers"]) == {"torch.bfloat16"}
+        assert set(results["bf16"]["gathers"]) == {"torch.bfloat16"}
+        assert not any(k.startswith("mxfuse:") and "gather" in k for k in results["bf16"]["matched"])
+
+
+@pytest.mark.distributed
+def test_sp_model_mxfp8_gathers_one_packed_uint8_buffer_per_point(reports):
+    from mxfuse.models import ModelConfig
+
+    n_layers = ModelConfig.tiny().n_layers
+    for rank, results in reports.items():
+        r = results["mxfp8"]
+        assert r["gathers"] == ["torch.uint8"] * (2 * n_layers), (rank, r["skipped"], r)
+        assert sum(n for k, n in r["matched"].items() if "mxfp8_packed" in k) == 2 * n_layers, (rank, r)
+        assert r["packed_ops"] == 2 * n_layers, (rank, r)
+
+
+@pytest.mark.distributed
+def test_broken_swizzled_gather_wrong_unrepaired_right_repaired(reports):
+    for rank, results in reports.items():
+        assert not results["broken_unrepaired"]["same"], rank  # tiles do not concatenate by rows
+        assert results["broken_unrepaired"]["gathers"] == ["torch.uint8", "torch.uint8"]
+        assert results["broken_auto"]["same"], (rank, results["broken_auto"])
+        assert results["broken_auto"]["gathers"] == ["torch.uint8"]
+        assert results["broken_auto"]["matched"].get("repair:swizzled:c10d_gather->mxfp8_packed") == 1
+        assert results["broken_bf16"]["same"], (rank, results["broken_bf16"])
+        assert results["broken_bf16"]["gathers"] == ["torch.bfloat16"]

@@ -1,0 +1,279 @@
+"""Benchmark the sequence-parallel all-gather forms of rewrite 2 (`sp_gather`) on 2+ GPUs.
+
+Per M_local (rows per rank), hidden K, on every rank of an NCCL group (spawned with
+torch.multiprocessing, no torchrun):
+
+- bf16:        y, res = gemma_fused_add_rmsnorm(x, res); g = all_gather(y) (bf16); q, s = mxfp8_quantize(g)
+- mxfp8:       p, res = gemma_fused_add_rmsnorm_mxfp8_packed(x, res); pg = all_gather(p) (uint8,
+               [M, K + K/32]); q, s = zero-copy views of pg
+- mxfp8+swz:   the same, then mxfp8_swizzle_scales(s) (for a GEMM that reads swizzled scales),
+               against bf16 with a swizzled quant after the gather
+- bf16 gather alone / packed gather alone (the collective's share of each)
+
+Timing (DESIGN.md "Measuring"): a CUDA graph of 64 back-to-back calls cycling through
+input sets that do not fit in L2, captured on every rank, replays aligned by a barrier,
+median of 7 replays, per call, rank 0's events. Bytes on the wire: what one rank sends.
+
+    PYTHONPATH=. python3 tools/bench_sp.py [--out DIR] [--world 2] [--hidden 6144] [--ms 1,16,...]
+
+Writes DIR/bench_sp.md (the table), DIR/bench_sp.json and DIR/bench_sp.png (if matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+
+MS = [1, 16, 128, 512, 2048, 8192]
+CALLS = 64
+REPLAYS = 7
+L2_BYTES = 60 * 2**20
+VARIANTS = ["bf16", "bf16_swz", "mxfp8", "mxfp8_swz", "gather_bf16", "gather_packed"]
+
+
+def _n_sets(bytes_per_set: int) -> int:
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _timing import n_input_sets  # noqa: PLC0415
+
+        return n_input_sets(bytes_per_set)
+    except Exception:  # noqa: BLE001
+        return int(min(CALLS, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
+
+
+def time_collective_graph(fns, calls=CALLS, replays=REPLAYS) -> float:
+    """Median µs per call of a CUDA graph of `calls` calls cycling `fns`, replays aligned across ranks."""
+    import torch.distributed as dist
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for j in range(calls):
+            fns[j % len(fns)]()
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        dist.barrier()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1000.0 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def _variants(k, world, group):
+    import torch.distributed as dist
+
+    mx = torch.ops.mxfuse
+    s = k // 32
+
+    def gather(t):
+        out = t.new_empty((world * t.shape[0], *t.shape[1:]))
+        dist.all_gather_into_tensor(out, t, group=group)
+        return out
+
+    def bf16(x, r, w, swizzled=False):
+        y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
+        return (*mx.mxfp8_quantize(gather(y), swizzled), res)
+
+    def packed(x, r, w, swizzle=False):
+        p, res, _ = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)
+        pg = gather(p)
+        codes, scales = pg[:, :k].view(torch.float8_e4m3fn), pg[:, k : k + s]
+        if swizzle:
+            scales = mx.mxfp8_swizzle_scales(scales)
+        return codes, scales, res
+
+    return {
+        "bf16": bf16,
+        "bf16_swz": lambda x, r, w: bf16(x, r, w, True),
+        "mxfp8": packed,
+        "mxfp8_swz": lambda x, r, w: packed(x, r, w, True),
+        "gather_bf16": lambda x, r, w: gather(x),
+        "gather_packed": None,  # filled per M with a prebuilt packed buffer
+    }
+
+
+def _worker(rank, world, port, args, queue):
+    try:
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+        group = dist.group.WORLD
+        import mxfuse  # noqa: F401
+
+        k = args.hidden
+        fns = _variants(k, world, group)
+        rows = []
+        for m in args.ms:
+            set_bytes = 2 * m * k * 2
+            n = min(_n_sets(set_bytes), 16)
+            g = torch.Generator().manual_seed(1000 * rank + m)
+            sets = []
+            for _ in range(n):
+                x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
+                r = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
+                sets.append((x, r))
+            w = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(5))).to(torch.bfloat16).to(dev)
+            # exactness first: packed gather == bf16 gather then quant, bit for bit
+            q1, s1, _ = fns["bf16"](*sets[0], w)
+            q2, s2, _ = fns["mxfp8"](*sets[0], w)
+            _, s3, _ = fns["mxfp8_swz"](*sets[0], w)
+            _, s4, _ = fns["bf16_swz"](*sets[0], w)
+            exact = bool(
+                torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s1, s2) and torch.equal(s3, s4)
+            )
+            packed_bufs = [torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)[0] for x, r in sets]
+            row = {"m_local": m, "sets": n, "exact": exact}
+            for name in VARIANTS:
+                if name == "gather_packed":
+                    gfn = fns["gather_bf16"]
+                    calls = [lambda p=p: gfn(p, None, None) for p in packed_bufs]
+                else:
+                    fn = fns[name]
+                    calls = [lambda x=x, r=r, fn=fn: fn(x, r, w) for x, r in sets]
+                row[name] = time_collective_graph(calls)
+            row["bytes_bf16"] = m * k * 2
+            row["bytes_packed"] = m * (k + k // 32)
+            rows.append(row)
+            del sets, packed_bufs
+            torch.cuda.empty_cache()
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, rows, None))
+    except BaseException:
+        import traceback
+
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def table(rows, k, world) -> str:
+    out = [
+        f"SP all-gather + MXFP8 quant, hidden {k}, {world} ranks ({torch.cuda.get_device_name(0)}), µs per call "
+        "(CUDA graph of 64 calls, median of 7 replays, rank 0)",
+        "",
+        "| M_local | bf16: norm, gather, quant | packed: norm+quant, gather | speedup "
+        "| bf16, swizzled quant | packed + swizzle | speedup swz "
+        "| gather bf16 | gather packed | wire bytes bf16 | wire bytes packed | ratio | exact |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['m_local']} | {r['bf16']:.1f} | {r['mxfp8']:.1f} | {r['bf16'] / r['mxfp8']:.2f}x | "
+            f"{r['bf16_swz']:.1f} | {r['mxfp8_swz']:.1f} | {r['bf16_swz'] / r['mxfp8_swz']:.2f}x | {r['gather_bf16']:.1f} | "
+            f"{r['gather_packed']:.1f} | {r['bytes_bf16']} | {r['bytes_packed']} | "
+            f"{r['bytes_packed'] / r['bytes_bf16']:.4f} | {'yes' if r['exact'] else 'NO'} |"
+        )
+    out.append("")
+    out.append(f"Wire-byte ratio target (K + K/32) / 2K = {(k + k // 32) / (2 * k):.4f}.")
+    return "\n".join(out)
+
+
+def plot(rows, k, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        return False
+    ms = [r["m_local"] for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for name, label in (
+        ("bf16", "bf16 gather + quant"),
+        ("mxfp8", "packed MXFP8 gather"),
+        ("bf16_swz", "bf16 gather + swizzled quant"),
+        ("mxfp8_swz", "packed + swizzle"),
+    ):
+        ax[0].plot(ms, [r[name] for r in rows], marker="o", label=label)
+    ax[0].set(xscale="log", yscale="log", xlabel="M_local (rows per rank)", ylabel="µs per call", title=f"K={k}")
+    ax[0].legend()
+    ax[1].plot(ms, [r["bf16"] / r["mxfp8"] for r in rows], marker="o", label="packed")
+    ax[1].plot(ms, [r["bf16_swz"] / r["mxfp8_swz"] for r in rows], marker="o", label="packed + swizzle")
+    ax[1].axhline(1.0, color="gray", lw=0.8)
+    ax[1].axhline(1.8, color="gray", lw=0.8, ls="--")
+    ax[1].set(xscale="log", xlabel="M_local", ylabel="speedup over bf16", title="speedup")
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=6144)
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    args = ap.parse_args(argv)
+    args.ms = [int(v) for v in args.ms.split(",")]
+    if torch.cuda.device_count() < args.world:
+        print(f"bench_sp: needs {args.world} CUDA GPUs, found {torch.cuda.device_count()}")
+        return 1
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, queue)) for r in range(args.world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(args.world):
+            rank, rows, err = queue.get(timeout=900)
+            if err:
+                print(f"rank {rank} failed:\n{err}")
+                return 1
+            got[rank] = rows
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    rows = got[0]
+    for r in rows:  # exact only if every rank saw exact bits
+        r["exact"] = all(rr["exact"] for g in got.values() for rr in g if rr["m_local"] == r["m_local"])
+    os.makedirs(args.out, exist_ok=True)
+    md = table(rows, args.hidden, args.world)
+    with open(os.path.join(args.out, "bench_sp.md"), "w") as f:
+        f.write(md + "\n")
+    with open(os.path.join(args.out, "bench_sp.json"), "w") as f:
+        json.dump({"hidden": args.hidden, "world": args.world, "rows": rows}, f, indent=2)
+    plotted = plot(rows, args.hidden, os.path.join(args.out, "bench_sp.png"))
+    print(md)
+    print(f"(wall {time.time() - t0:.0f} s; plot {'written' if plotted else 'skipped: no matplotlib'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
