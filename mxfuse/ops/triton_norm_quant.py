@@ -41,11 +41,11 @@ docs/perf_notes.md):
 - norm / fused norm+quant: a program owns tiles of BM whole rows, all NCH chunks in
   registers, one pass: read x (+ residual) once, write residual_out, y (optional) and
   codes + scales. All loads of a tile are issued before any store. Large K uses BM = 1.
-  Small M is latency-bound: ~16 fp32 values per thread (16 warps for K = 6144) so a row's
-  loads and arithmetic spread over many warps. Large M (>= 512) is issue/bandwidth-bound:
-  ~32 values per thread (8 warps for K = 6144, 4 for K = 3072) so more programs are
-  resident per SM. Chunking avoids the 25% of idle lanes a single power-of-two tile
-  would waste at K = 3 * 2**n.
+  ~32 values of the padded row per thread (8 warps for K = 6144, 4 for K = 3072): measured
+  fastest at every M from 1 to 16384 (more warps did not help the latency-bound small-M
+  case: the row's reduction then crosses more warps through shared memory). Chunking
+  avoids the 25% of idle lanes a single power-of-two tile would waste at K = 3 * 2**n
+  (the fused kernel is close to issue-bound at large M).
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
@@ -347,15 +347,17 @@ def row_config(block_k: int, m: int) -> tuple[int, int, int]:
     """(rows per tile BM, tiles per program RPP, num_warps) for the norm / fused kernels.
 
     Any choice gives the same bits (the row arithmetic does not depend on it). Measured on
-    H200 (docs/perf_notes.md): small M is latency-bound and wants many warps per row
-    (~16 values per thread); large M is issue-bound and wants fewer warps (~32 values per
-    thread, more resident programs) and several rows per program (weight loaded once).
+    H200 (docs/perf_notes.md, sweep of run 2): ~32 values of the padded row per thread
+    (8 warps for K = 6144, 4 for K = 3072) was the fastest at every M measured (1, 64,
+    4096, 16384), for the fused and the unfused norm; 16 values per thread (more warps)
+    was slower even at M = 1, and RPP = 4 (weight loaded once per 4 rows) was slower
+    everywhere (2x at M = 1: the masked iterations still run; -5% at M = 16384: 127
+    registers halve the resident programs).
     """
+    del m
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
-    per_thread = 16 if m < 512 else 32
-    nw = max(4, min(16, bm * block_k // (32 * per_thread)))
-    rpp = 1  # 4 (weight loaded once per 4 rows) costs registers: see docs/perf_notes.md
-    return bm, rpp, nw
+    nw = max(4, min(16, bm * block_k // 1024))
+    return bm, 1, nw
 
 
 def quant_config(k: int, m: int) -> tuple[int, int, int]:
