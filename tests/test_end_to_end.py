@@ -77,55 +77,12 @@ def test_dynamic_token_counts_compile_once_and_stay_fused(tiny_model):
 # --------------------------------------------------------------- Hugging Face
 
 
-class HFMXFP8Linear(torch.nn.Module):
-    """An `nn.Linear` swapped for the project's MXFP8 ops (weights quantized once)."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        codes, scales = mx.mxfp8_quantize(linear.weight.detach())
-        self.register_buffer("weight_codes", codes)
-        self.register_buffer("weight_scales", scales)
-
-    def forward(self, x):
-        codes, scales = mx.mxfp8_quantize(x)
-        return mx.mxfp8_linear(codes, scales, self.weight_codes, self.weight_scales, x.dtype)
-
-
-def swap_linears(module: torch.nn.Module):
-    for name, child in module.named_children():
-        if isinstance(child, torch.nn.Linear):
-            setattr(module, name, HFMXFP8Linear(child))
-        else:
-            swap_linears(child)
-
-
 @pytest.fixture(scope="module")
 def hf_layer():
     pytest.importorskip("transformers")
-    from transformers.models.minimax_m3_vl import configuration_minimax_m3_vl as conf
-    from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as modeling
+    from mxfuse.hf import tiny_minimax_m3_layer
 
-    config = conf.MiniMaxM3VLTextConfig(
-        vocab_size=256,
-        hidden_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        rotary_dim=16,
-        dense_intermediate_size=256,
-        mlp_layer_types=["dense"],
-        layer_types=["full_attention"],
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    layer = modeling.MiniMaxM3VLDecoderLayer(config, 0)
-    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        torch.nn.init.normal_(norm.weight, std=0.1)
-    layer = layer.to(torch.bfloat16).eval()
-    swap_linears(layer)
-    rotary = modeling.MiniMaxM3VLRotaryEmbedding(config=config)
-    return layer, rotary
+    return tiny_minimax_m3_layer()
 
 
 def test_hugging_face_minimax_m3_layer_fuses_within_the_foreign_bound(hf_layer):

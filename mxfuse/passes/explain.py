@@ -1,0 +1,244 @@
+"""Why each Gemma norm of a graph did or did not fuse: the analysis behind `mxfuse explain`.
+
+Pure functions over FX graphs. The verdicts come from what the pass itself decided,
+never from a second copy of its rules:
+
+- which norms exist: :func:`mxfuse.patterns.norms.find_norms` (the recognizers);
+- fused or not: whether the norm's output node is gone from the graph after the pass
+  (the rewrites erase a norm they replaced);
+- the kind of fusion: :func:`mxfuse.patterns.norm_quant.plan_one` on the graph before,
+  else the report's matched kinds of the rewrite that took it;
+- why not: the ``skipped`` entries of the pass report (rewrite, norm kind, node,
+  reason), the ones that :mod:`mxfuse.passes.post_grad` also logs at debug level.
+
+:func:`explain` runs the pass on a copy of the graph; :func:`explain_run` explains a
+run that already happened (the graph before, the graph after and the report), which
+is what a pass hook does. Both log each verdict to the ``mxfuse`` logger at debug
+level and emit an ``mxfuse_explain`` artifact for tlparse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import re
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import fx
+
+from mxfuse.passes.options import PassOptions
+
+log = logging.getLogger("mxfuse")
+
+_GATHER_HINT = "crosses an all-gather"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One Gemma norm of the graph and what the passes did with it."""
+
+    node: str  # the node holding the norm's output y (in the graph before the pass)
+    kind: str  # norm form and variant, e.g. "mxfuse:fused_add", "hf:plain"
+    fused: bool
+    detail: str  # fused: the fusion's kind; not fused: the reason
+    rewrite: str | None  # the rewrite that fused it, or that gave the reason
+    module: str | None  # the nn.Module path, e.g. "layers.0.input_norm"
+    source: str | None  # last frame of the node's stack trace: "models.py:204 in forward"
+    source_line: str | None  # the code on that line
+
+    def line(self) -> str:
+        where = " ".join(filter(None, (self.module, f"({self.source})" if self.source else None)))
+        status = f"fused: {self.detail}" if self.fused else f"not fused: {self.detail}"
+        return f"{self.node} [{self.kind}] {where}".rstrip() + f" -> {status}"
+
+
+@dataclass(frozen=True)
+class QuantInput:
+    """An MXFP8 quant whose input is not a recognized Gemma norm (its producer, for the user)."""
+
+    quant: str
+    producer: str
+    looks_like_norm: bool
+    source: str | None
+
+
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy with the same node names and meta (fake values shared), for running the pass on."""
+    new = fx.Graph(owning_module=graph.owning_module)
+    out = new.graph_copy(graph, {})
+    if out is not None:
+        new.output(out)
+    return new
+
+
+def explain(graph: fx.Graph, options: PassOptions | None = None) -> list[Verdict]:
+    """Verdicts for every Gemma norm of `graph`; runs the pass on a copy (`graph` is not touched)."""
+    from mxfuse.passes import post_grad
+
+    options = options or PassOptions()
+    after = copy_graph(graph)
+    report = post_grad.run(after, PassOptions(options.fuse_norm_quant, options.sp_gather, dump_dir=None))
+    return explain_run(graph, after, report, options)
+
+
+def explain_run(before: fx.Graph, after: fx.Graph, report, options: PassOptions | None = None) -> list[Verdict]:
+    """Verdicts from a run of the pass: `before` (a copy taken before it), `after`, its report."""
+    from mxfuse.patterns import norm_quant
+    from mxfuse.patterns.norms import find_norms
+
+    options = options or PassOptions()
+    alive = {n.name for n in after.nodes}
+    skips: dict[str, list[tuple[str, str]]] = {}
+    for rewrite, _kind, node, reason in report.skipped:
+        skips.setdefault(node, []).append((rewrite, reason))
+    verdicts = []
+    for norm in find_norms(before):
+        if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
+            continue  # dead in the graph handed to the pass
+        module, source, code = _where(norm)
+        if norm.y.name not in alive:
+            planned = norm_quant.plan_one(norm)
+            if isinstance(planned, norm_quant.Fusion):
+                detail, rewrite = planned.kind, norm_quant.NAME
+            else:
+                detail, rewrite = _other_rewrite_kind(norm.kind, report), "sp_gather"
+            verdicts.append(Verdict(norm.y.name, norm.kind, True, detail, rewrite, module, source, code))
+            continue
+        rewrite, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
+        verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code))
+    _emit(verdicts)
+    return verdicts
+
+
+def _other_rewrite_kind(norm_kind: str, report) -> str:
+    kinds = sorted(k for k in report.matched if k.startswith(norm_kind + "->"))
+    return " or ".join(kinds) if kinds else "replaced by a rewrite (see the report's matched kinds)"
+
+
+def _reason(norm, skips: list[tuple[str, str]], report, options: PassOptions) -> tuple[str | None, str]:
+    if report.failed:
+        return None, f"the pass failed and left the graph unchanged ({report.failed})"
+    if not skips:
+        if not options.fuse_norm_quant:
+            return None, "the option fuse_norm_quant is off"
+        return None, "left unchanged (no rewrite recorded a reason)"
+    # a norm whose output is gathered first: rewrite 2 (sp_gather) has the last word
+    own = [s for s in skips if s[0] == "norm_quant"]
+    others = [s for s in skips if s[0] != "norm_quant"]
+    if others and (not own or _GATHER_HINT in own[0][1]):
+        rewrite, reason = others[0]
+        reason = f"its output crosses an all-gather: {reason}"
+    else:
+        rewrite, reason = own[0]
+    if reason.startswith("no MXFP8 quant reads"):
+        reason += f" (read by: {_readers(norm.y)})"
+    return rewrite, reason
+
+
+def _readers(node: fx.Node) -> str:
+    names = []
+    for user in node.users:
+        if user.op == "output":
+            names.append("the graph output")
+        else:
+            names.append(op_label(user))
+    return ", ".join(dict.fromkeys(names)) or "nothing"
+
+
+def op_label(node: fx.Node) -> str:
+    """A short readable name of what a node calls: `mxfuse.mxfp8_quantize`, `aten.mm`, `getitem`."""
+    if node.op != "call_function":
+        return node.op
+    target = node.target
+    if target is operator.getitem:
+        return f"getitem of {op_label(node.args[0])}" if isinstance(node.args[0], fx.Node) else "getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        inner = node.args[0] if node.args else None
+        inner_name = f"{inner.namespace}.{inner._opname}" if isinstance(inner, torch._ops.OpOverload) else inner
+        return f"{target.name()}({inner_name})"
+    return getattr(target, "__name__", str(target))
+
+
+def _where(norm) -> tuple[str | None, str | None, str | None]:
+    for node in (norm.y, norm.anchor):
+        module, source, code = _module_path(node), *last_frame(node.meta.get("stack_trace"))
+        if module or source:
+            return module, source, code
+    return None, None, None
+
+
+def _module_path(node: fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"^L\['self'\]\.?", "", str(path))
+    path = re.sub(r"^L\['(\w+)'\]\.?", r"\1.", path).rstrip(".")
+    return path or None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(?:\s*(.+))?')
+
+
+def last_frame(stack_trace: str | None) -> tuple[str | None, str | None]:
+    """`("models.py:204 in forward", "return torch.ops...")` from a node's stack_trace (last frame)."""
+    if not stack_trace:
+        return None, None
+    frames = _FRAME.findall(stack_trace)
+    if not frames:
+        return None, None
+    path, line, func, code = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line} in {func}", (code.strip() or None)
+
+
+def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
+    """MXFP8 quants of `graph` whose input is not the output of a recognized Gemma norm.
+
+    Most are expected (attention or MLP activations); one fed by an op with "norm" in
+    its name is a norm form the recognizers do not know (a foreign op).
+    """
+    from mxfuse.patterns.norms import match_norm
+    from mxfuse.patterns.quants import match_quant
+
+    found = []
+    for node in graph.nodes:
+        quant = match_quant(node)
+        if quant is None or not isinstance(quant.x, fx.Node) or match_norm(quant.x) is not None:
+            continue
+        producer, via = quant.x, []
+        while producer.op == "call_function" and _is_view(producer) and isinstance(producer.args[0], fx.Node):
+            via.append(op_label(producer).removeprefix("aten."))
+            producer = producer.args[0]
+        label = op_label(producer) if producer.op == "call_function" else f"graph input {producer.name}"
+        if via:
+            label += f" (via {', '.join(dict.fromkeys(via))})"
+        source, _ = last_frame(node.meta.get("stack_trace"))
+        found.append(QuantInput(node.name, label, "norm" in label.lower(), source))
+    return found
+
+
+_VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "squeeze", "unsqueeze", "clone", "contiguous")
+
+
+def _is_view(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" and target._opname in _VIEW_OPS
+
+
+def _emit(verdicts: list[Verdict]) -> None:
+    for v in verdicts:
+        log.debug("mxfuse explain: %s", v.line())
+    try:
+        from torch._logging import trace_structured
+
+        trace_structured(
+            "artifact",
+            metadata_fn=lambda: {"name": "mxfuse_explain", "encoding": "json"},
+            payload_fn=lambda: json.dumps([asdict(v) for v in verdicts]),
+        )
+    except Exception:  # noqa: BLE001 - tlparse artifacts are best effort
+        log.debug("mxfuse: trace_structured unavailable", exc_info=True)
