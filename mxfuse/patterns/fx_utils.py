@@ -45,6 +45,32 @@ def single_getitem(node: fx.Node, index: int) -> fx.Node | None:
     return users[0] if users else None
 
 
+def has_live_users(node: fx.Node) -> bool:
+    """Whether anything reads `node`, looking through views and collectives.
+
+    An earlier rewrite may leave a dead chain behind (view -> all-gather -> wait ->
+    view, with no reader at the end); it is erased after the pass, and until then it
+    must not count as a user.
+    """
+    work = [node]
+    while work:
+        for user in work.pop().users:
+            if not (user.op == "call_function" and _is_pass_through(user)):
+                return True
+            work.append(user)
+    return False
+
+
+def _is_pass_through(node: fx.Node) -> bool:
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    views = (operator.getitem, aten.view.dtype, aten.view.default, aten.reshape.default, aten.alias.default)
+    collectives = (aten._unsafe_view.default, c10d.all_gather_into_tensor.default, c10d.wait_tensor.default)
+    if node.target in views or node.target in collectives:
+        return True
+    vllm = torch.ops.vllm
+    return hasattr(vllm, "all_gather") and node.target is vllm.all_gather.default
+
+
 def static_int(value: Any) -> int | None:
     """`value` as a Python int when it is static (an int, or a SymInt known to be one)."""
     if isinstance(value, int):

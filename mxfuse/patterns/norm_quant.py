@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from mxfuse.patterns.fx_utils import call, getitem
+from mxfuse.patterns.fx_utils import call, getitem, has_live_users
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
 
@@ -69,7 +69,7 @@ def plan(graph: fx.Graph, options=None) -> tuple[list[Fusion], list[Skip]]:
 
 
 def _is_dead(norm: NormMatch) -> bool:
-    return not norm.y.users and (norm.residual_out is None or not norm.residual_out.users)
+    return not has_live_users(norm.y) and (norm.residual_out is None or not has_live_users(norm.residual_out))
 
 
 def plan_one(norm: NormMatch) -> Fusion | Skip:
@@ -107,32 +107,52 @@ def apply(graph: fx.Graph, fusion: Fusion, options=None) -> fx.Node | None:
     fusion = plan_one(found) if found is not None else None
     if not isinstance(fusion, Fusion):
         return None
-    norm, mx = fusion.norm, torch.ops.mxfuse
-    flags = {"swizzled": fusion.swizzled, "emit_y": fusion.emit_y, "weight_offset": norm.weight_offset}
-    with graph.inserting_before(norm.anchor):
-        if norm.has_residual:
-            op, args = mx.gemma_fused_add_rmsnorm_mxfp8.default, (norm.x, norm.residual, norm.weight, norm.eps)
-            flags["round_sum"] = norm.round_sum
-        else:
-            op, args = mx.gemma_rmsnorm_mxfp8.default, (norm.x, norm.weight, norm.eps)
-        fused = call(graph, op, args, flags)
-        fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
-        codes, scales = getitem(graph, fused, 0), getitem(graph, fused, 1)
-        if norm.residual_out is not None:
-            residual_out = getitem(graph, fused, 2)
-        if fusion.emit_y:
-            y = getitem(graph, fused, 3 if norm.has_residual else 2)
-        if fusion.quants[0].flat_swizzled_scales:
+    norm = fusion.norm
+    out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y)
+    codes, scales = out["codes"], out["scales"]
+    if fusion.quants[0].flat_swizzled_scales:
+        with graph.inserting_after(scales):
             scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
     for quant in fusion.quants:
         _replace(quant.codes, codes)
         _replace(quant.scales, scales)
-    if norm.residual_out is not None:
-        norm.residual_out.replace_all_uses_with(residual_out)
     if fusion.emit_y:
         replaced = {q.node for q in fusion.quants}
-        norm.y.replace_all_uses_with(y, delete_user_cb=lambda user: user not in replaced)
-    return fused
+        norm.y.replace_all_uses_with(out["y"], delete_user_cb=lambda user: user not in replaced)
+    return out["fused"]
+
+
+def insert_fused_norm(
+    graph: fx.Graph, norm: NormMatch, *, packed: bool = False, swizzled: bool = False, emit_y: bool = False
+) -> dict[str, fx.Node]:
+    """Insert the fused norm+quant op standing in for `norm` (before its first node).
+
+    Rewires the norm's residual output to the fused one (y is the caller's: only it
+    knows which users to keep). Returns the new nodes by name: "fused", then "codes"
+    and "scales" (or "packed": one `[M, K + K/32]` byte buffer), "residual_out" when
+    the norm's is used, "y" when `emit_y`.
+    """
+    mx = torch.ops.mxfuse
+    flags = {"emit_y": emit_y, "weight_offset": norm.weight_offset}
+    if not packed:
+        flags = {"swizzled": swizzled, **flags}
+    if norm.has_residual:
+        op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if packed else mx.gemma_fused_add_rmsnorm_mxfp8
+        args, flags["round_sum"] = (norm.x, norm.residual, norm.weight, norm.eps), norm.round_sum
+    else:
+        op = mx.gemma_rmsnorm_mxfp8_packed if packed else mx.gemma_rmsnorm_mxfp8
+        args = (norm.x, norm.weight, norm.eps)
+    names = (["packed"] if packed else ["codes", "scales"]) + (["residual_out"] if norm.has_residual else []) + ["y"]
+    wanted = {"packed", "codes", "scales"}
+    wanted |= {"residual_out"} if norm.residual_out is not None else set()
+    wanted |= {"y"} if emit_y else set()
+    with graph.inserting_before(norm.anchor):
+        fused = call(graph, op.default, args, flags)
+        fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
+        out = {name: getitem(graph, fused, i) for i, name in enumerate(names) if name in wanted}
+    if norm.residual_out is not None:
+        norm.residual_out.replace_all_uses_with(out["residual_out"])
+    return {"fused": fused, **out}
 
 
 def _replace(old: fx.Node | None, new: fx.Node):

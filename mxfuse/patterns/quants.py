@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from mxfuse.patterns.fx_utils import arg, fake, is_call, single_getitem
+from mxfuse.patterns.fx_utils import arg, fake, has_live_users, is_call, single_getitem
 
 
 @dataclass(frozen=True)
@@ -58,32 +58,4 @@ def quant_reject_reason(quant: QuantMatch) -> str | None:
 def quant_users(node: fx.Node) -> list[QuantMatch]:
     """The quant nodes that read `node`, in graph order."""
     found = (match_quant(u) for u in node.users)
-    return [q for q in found if q is not None and q.x is node and _is_live(q)]
-
-
-def _is_live(quant: QuantMatch) -> bool:
-    """False for a quant whose outputs nobody reads (left behind by an earlier rewrite).
-
-    Looks through views and collectives (a chain rewrite 2 left dead: view -> all-gather
-    -> wait -> view with no user); any other user counts as a reader.
-    """
-    work = [u for u in quant.node.users]
-    while work:
-        node = work.pop()
-        for user in node.users:
-            if not (user.op == "call_function" and _is_pass_through(user)):
-                return True
-            work.append(user)
-    return False
-
-
-def _is_pass_through(node: fx.Node) -> bool:
-    import operator
-
-    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
-    if node.target in (operator.getitem, aten.view.dtype, aten.view.default, aten.reshape.default, aten.alias.default):
-        return True
-    if node.target in (aten._unsafe_view.default, c10d.all_gather_into_tensor.default, c10d.wait_tensor.default):
-        return True
-    vllm = torch.ops.vllm
-    return hasattr(vllm, "all_gather") and node.target is vllm.all_gather.default
+    return [q for q in found if q is not None and q.x is node and has_live_users(q.node)]

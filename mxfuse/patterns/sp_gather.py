@@ -58,6 +58,7 @@ from torch import fx
 
 from mxfuse.patterns.collectives import GatherMatch, match_all_gather
 from mxfuse.patterns.fx_utils import call, fake, getitem, is_call, static_int
+from mxfuse.patterns.norm_quant import insert_fused_norm
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, match_quant, quant_reject_reason, quant_users
 
@@ -343,24 +344,10 @@ def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, fuse: bool
     if not fuse:
         with graph.inserting_after(x):
             return call(graph, mx.mxfp8_quantize_packed.default, (x,))
-    emit_y = keep_y
-    flags = {"emit_y": emit_y, "weight_offset": norm.weight_offset}
-    with graph.inserting_before(norm.anchor):
-        if norm.has_residual:
-            op, args = mx.gemma_fused_add_rmsnorm_mxfp8_packed.default, (norm.x, norm.residual, norm.weight, norm.eps)
-            flags["round_sum"] = norm.round_sum
-        else:
-            op, args = mx.gemma_rmsnorm_mxfp8_packed.default, (norm.x, norm.weight, norm.eps)
-        fused = call(graph, op, args, flags)
-        fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
-        packed = getitem(graph, fused, 0)
-        if norm.residual_out is not None:
-            norm.residual_out.replace_all_uses_with(getitem(graph, fused, 1))
-        if emit_y:
-            y = getitem(graph, fused, 2 if norm.has_residual else 1)
-    if emit_y:
-        norm.y.replace_all_uses_with(y)
-    return packed
+    out = insert_fused_norm(graph, norm, packed=True, emit_y=keep_y)
+    if keep_y:
+        norm.y.replace_all_uses_with(out["y"])
+    return out["packed"]
 
 
 def _new_gather(graph: fx.Graph, like: GatherMatch, x: fx.Node) -> fx.Node:
