@@ -408,3 +408,61 @@ def test_empty_batches():
             assert c.shape == (0, k) and s.shape == ((0, (k // 32 + 3) // 4 * 4) if swz else (0, k // 32))
         assert ops.mxfp8_swizzle_scales(torch.empty(0, 5, dtype=torch.uint8, device=DEVICE)).shape == (0, 8)
 
+
+
+# ------------------------------------------------------------------ row-packed outputs
+
+
+@gpu_test
+@pytest.mark.parametrize("has_res", [True, False], ids=["add", "plain"])
+@pytest.mark.parametrize("m", [0, 1, 37, 4096])
+@pytest.mark.parametrize("k", kparams(160, 6144))
+def test_packed_ops_equal_unpacked(k, m, has_res):
+    """The packed ops (kernels writing codes + row-major scales straight into the halves of
+    a `[M, K + K/32]` byte buffer) give the unpacked ops' bits, on the special rows."""
+    from mxfuse.ops import packed
+
+    x, r = special_rows(m, k, seed=3 * k + m)
+    w = gemma_weight(k)
+    for emit_y in (False, True):
+        if has_res:
+            p, res, y = ops.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, EPS, emit_y)
+            ref = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w, EPS, False, emit_y)
+            got = (*packed.unpack(p, k), res, y)
+        else:
+            p, y = ops.gemma_rmsnorm_mxfp8_packed(x, w, EPS, emit_y)
+            c, s, y_ref = ops.gemma_rmsnorm_mxfp8(x, w, EPS, False, emit_y)
+            ref = (c, s, None, y_ref)
+            got = (*packed.unpack(p, k), None, y)
+        assert p.shape == (m, k + k // 32) and p.dtype == torch.uint8
+        compare_all(got, ref, f"K={k} M={m} res={has_res} emit_y={emit_y} packed")
+    if has_res:  # round_sum and weight_offset reach the kernel too
+        p, res, y = ops.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w.float() + 1.0, EPS, True, True, 0.0)
+        ref = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w.float() + 1.0, EPS, False, True, True, 0.0)
+        compare_all((*packed.unpack(p, k), res, y), ref, f"K={k} M={m} round_sum packed")
+    # the quant alone (on the norm output, and on the raw special rows with NaN / Inf)
+    for src in (x, r):
+        p = ops.mxfp8_quantize_packed(src)
+        compare_all(packed.unpack(p, k), ops.mxfp8_quantize(src, False), f"K={k} M={m} quant packed")
+
+
+@gpu_test
+def test_out_views_are_written_in_place():
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    m, k = 37, 160
+    x, r = special_rows(m, k, seed=5)
+    w = gemma_weight(k)
+    buf = torch.full((m, k + k // 32 + 8), 0xAB, dtype=torch.uint8, device=DEVICE)  # wider: bytes past the scales stay
+    oc, os_ = buf[:, :k].view(torch.float8_e4m3fn), buf[:, k : k + k // 32]
+    c, s, res, _ = tnq.fused_norm_quant(x, r, w, EPS, out_codes=oc, out_scales=os_)
+    assert c.data_ptr() == oc.data_ptr() and s.data_ptr() == os_.data_ptr()
+    ref = fused(x, r, w, False, emit_y=False)
+    compare_all((c, s, res), ref[:3], "out views")
+    assert bool((buf[:, k + k // 32 :] == 0xAB).all())
+    c2, s2 = tnq.quantize(x, out_codes=oc, out_scales=os_)
+    compare_all((c2, s2), ops.mxfp8_quantize(x, False), "quantize out views")
+    with pytest.raises(ValueError):
+        tnq.fused_norm_quant(x, r, w, EPS, swizzled=True, out_scales=os_)
+    with pytest.raises(ValueError):
+        tnq.quantize(x, out_codes=oc[:5])

@@ -19,10 +19,11 @@ Ops (all functional; the optional `y` is empty unless `emit_y`, as in library.py
 Bitwise: `packed[:, :K].view(e4m3)` and `packed[:, K:]` equal the codes and row-major
 scales of the unpacked ops (`gemma_*_mxfp8`, `mxfp8_quantize`) on the same device.
 
-CUDA impl: the Triton fused kernel writes codes and scales to their own buffers and
-they are copied into the packed buffer (one extra pass over M*(K + K/32) bytes).
-TODO(packed-kernel): have `triton_norm_quant` write the packed rows directly (codes
-at row stride K + K/32, scales at column offset K) and drop the copies.
+CUDA impl: the packed buffer is allocated here and the Triton kernels
+(`triton_norm_quant.fused_norm_quant` / `quantize` with `out_codes` / `out_scales`)
+write the codes (row stride K + K/32) and the row-major scales (column offset K)
+straight into its two views: one launch, no copy. Same kernels and arithmetic as the
+unpacked ops, so the same bits (tests/test_gpu_kernels.py::test_packed_ops_equal_unpacked).
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def unpack(packed: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return packed[:, :k].view(FP8), packed[:, k:]
 
 
+def _empty_packed(m: int, k: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """New packed `[m, K + K/32]` uint8 buffer and its `(codes, scales)` views for the kernels to fill."""
+    packed = torch.empty((m, packed_width(k)), dtype=torch.uint8, device=device)
+    codes, scales = unpack(packed, k)
+    return packed, codes, scales
+
+
 def _fake_packed(x: Tensor, k: int) -> Tensor:
     return x.new_empty((_n_rows(x), packed_width(k)), dtype=torch.uint8)
 
@@ -93,10 +101,13 @@ def _(x, weight, eps, emit_y=False, weight_offset=1.0):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight)
-    codes, scales, _, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k), None, weight, eps, swizzled=False, emit_y=emit_y, weight_offset=weight_offset
-    )
-    return pack(codes, scales), y.reshape(x.shape) if emit_y else _empty_y(x)  # TODO(packed-kernel)
+    rows = _rows(x, k)
+    packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
+    _, _, _, y = triton_norm_quant.fused_norm_quant(
+        rows, None, weight, eps, swizzled=False, emit_y=emit_y, weight_offset=weight_offset,
+        out_codes=codes, out_scales=scales,
+    )  # fmt: skip
+    return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
 
 
 # ---------------------------------------------- gemma_fused_add_rmsnorm_mxfp8_packed
@@ -131,8 +142,10 @@ def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual)
-    codes, scales, res, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k),
+    rows = _rows(x, k)
+    packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
+    _, _, res, y = triton_norm_quant.fused_norm_quant(
+        rows,
         _rows(residual, k),
         weight,
         eps,
@@ -140,8 +153,9 @@ def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0
         emit_y=emit_y,
         round_sum=round_sum,
         weight_offset=weight_offset,
+        out_codes=codes,
+        out_scales=scales,
     )
-    packed = pack(codes, scales)  # TODO(packed-kernel): written by the kernel directly
     return packed, res.reshape(x.shape), y.reshape(x.shape) if emit_y else _empty_y(x)
 
 
@@ -166,4 +180,7 @@ def _(x):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_rows("mxfp8_quantize_packed", x, QUANT_INPUT_DTYPES)
-    return pack(*triton_norm_quant.quantize(_rows(x, k), False))  # TODO(packed-kernel)
+    rows = _rows(x, k)
+    packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
+    triton_norm_quant.quantize(rows, False, out_codes=codes, out_scales=scales)
+    return packed

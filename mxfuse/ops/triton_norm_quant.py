@@ -115,7 +115,7 @@ def _rstd(ssq, K, eps, BM: tl.constexpr):
 
 @triton.jit
 def _finish_chunk(
-    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, M_grid, S, SP, emit_y, swizzled,
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
     dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
@@ -128,9 +128,11 @@ def _finish_chunk(
         codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
-        tl.store(q_ptr + tl.max_contiguous(offs, [1, 8]), codes, mask=mask)
+        # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
+        q_offs = rows[:, None] * stride_q + cols[None, :]
+        tl.store(q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
         scols = J * (CH // 32) + tl.arange(0, CH // 32)
-        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled)
+        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
 
@@ -161,15 +163,15 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled):
-    """Store `[BM, NB]` scales at row-major `[M, S]` or F8_128x4 `[pad128(M), SP]` offsets."""
+def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s):
+    """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4 `[pad128(M), SP]` offsets."""
     r2 = rows[:, None]
     c2 = scols[None, :]
     if swizzled != 0:
         off = (r2 // 128) * (SP * 128) + (c2 // 4) * 512 + (r2 % 32) * 16 + ((r2 // 32) % 4) * 4 + (c2 % 4)
         mask = (r2 < M_grid) & (c2 < SP)
     else:
-        off = r2 * S + c2
+        off = r2 * stride_s + c2
         mask = (r2 < M_grid) & (c2 < S)
     tl.store(sc_ptr + off, sb.to(tl.uint8), mask=mask)
 
@@ -193,6 +195,8 @@ def _norm_kernel(
     K,
     stride_x,
     stride_r,
+    stride_q,
+    stride_s,
     S,
     SP,
     eps,
@@ -277,16 +281,16 @@ def _norm_kernel(
                 v = v + sc_ * sc_
         rstd = _rstd(_pairwise_sum(v, BM, CH, LOG_CH), K, eps, BM)
         # ---- y (and quant) per chunk
-        _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, M_grid, S, SP, emit_y, swizzled,
+        _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
                       dtype, QUANT, BM, CH, 0)  # fmt: skip
         if NCH > 1:
-            _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, M_grid, S, SP, emit_y, swizzled,
+            _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
                           dtype, QUANT, BM, CH, 1)  # fmt: skip
         if NCH > 2:
-            _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, M_grid, S, SP, emit_y, swizzled,
+            _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
                           dtype, QUANT, BM, CH, 2)  # fmt: skip
         if NCH > 3:
-            _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, M_grid, S, SP, emit_y, swizzled,
+            _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
                           dtype, QUANT, BM, CH, 3)  # fmt: skip
 
 
@@ -299,6 +303,8 @@ def _quant_kernel(
     M_grid,
     K,
     stride_x,
+    stride_q,
+    stride_s,
     S,
     SP,
     swizzled,
@@ -312,9 +318,9 @@ def _quant_kernel(
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC)
-    tl.store(q_ptr + rows[:, None] * K + cols[None, :], codes, mask=mask)
+    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], codes, mask=mask)
     scols = pid_k * (BC // 32) + tl.arange(0, BC // 32)
-    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled)
+    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
 
 
 
@@ -325,7 +331,7 @@ def _swizzle_kernel(src_ptr, dst_ptr, M, M_grid, stride_src, S, SP, BR: tl.const
     cols = tl.arange(0, BS)
     mask = (rows < M)[:, None] & (cols < S)[None, :]
     v = tl.load(src_ptr + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0)
-    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, 1)
+    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, 1, S)
 
 
 # --------------------------------------------------------------------------- launch configs
@@ -381,7 +387,39 @@ def _check2d(name: str, t: torch.Tensor):
         raise ValueError(f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}")
 
 
-def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset):
+def _out_views(m, k, swizzled, dev, out_codes, out_scales):
+    """Codes `[m, k]` e4m3 and scales (row-major `[m, k/32]` or swizzled) buffers: the
+    caller's views where given (row-major scales only; any row stride, unit last stride,
+    e.g. the two halves of a row-packed `[m, k + k/32]` byte buffer), else new tensors."""
+    s, sp = k // BLOCK, _round_up(k // BLOCK, 4)
+    m_grid = _round_up(m, 128) if swizzled else m
+    if out_codes is None:
+        codes = torch.empty((m, k), dtype=FP8, device=dev)
+    else:
+        codes = out_codes
+        if codes.shape != (m, k) or codes.dtype != FP8 or codes.device != dev:
+            raise ValueError(f"triton_norm_quant: out_codes must be [{m}, {k}] {FP8} on {dev}, got "
+                             f"{tuple(codes.shape)} {codes.dtype} {codes.device}")  # fmt: skip
+        _check2d("out_codes", codes)
+    if out_scales is None:
+        scales = torch.empty((m_grid, sp) if swizzled else (m, s), dtype=torch.uint8, device=dev)
+    else:
+        if swizzled:
+            raise ValueError("triton_norm_quant: out_scales is for row-major scales only (swizzled=False)")
+        scales = out_scales
+        if scales.shape != (m, s) or scales.dtype != torch.uint8 or scales.device != dev:
+            raise ValueError(f"triton_norm_quant: out_scales must be [{m}, {s}] uint8 on {dev}, got "
+                             f"{tuple(scales.shape)} {scales.dtype} {scales.device}")  # fmt: skip
+        _check2d("out_scales", scales)
+    return codes, scales
+
+
+def _row_stride(t: torch.Tensor, default: int) -> int:
+    return t.stride(0) if t.shape[0] > 1 else default
+
+
+def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset,
+                 out_codes=None, out_scales=None):  # fmt: skip
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
@@ -397,8 +435,9 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     y = torch.empty((m, k), dtype=x.dtype, device=dev) if (emit_y or not quant) else None
     codes = scales = None
     if quant:
-        codes = torch.empty((m, k), dtype=FP8, device=dev)
-        scales = torch.empty((m_grid, sp) if swizzled else (m, s), dtype=torch.uint8, device=dev)
+        codes, scales = _out_views(m, k, swizzled, dev, out_codes, out_scales)
+    elif out_codes is not None or out_scales is not None:
+        raise ValueError("triton_norm_quant: out_codes / out_scales need quant")
     if m_grid == 0:
         return codes, scales, res_out, y
     block_k = _block_k(k)
@@ -409,7 +448,9 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
         codes if quant else x, scales if quant else x,
-        m, m_grid, k, x.stride(0), r.stride(0), s, sp, float(eps), float(weight_offset),
+        m, m_grid, k, x.stride(0), r.stride(0),
+        _row_stride(codes, k) if quant else k, _row_stride(scales, s) if quant else s,
+        s, sp, float(eps), float(weight_offset),
         int(bool(round_sum and has_res)), int(bool(emit_y)), int(bool(swizzled)),
         HAS_RES=has_res, QUANT=quant, BM=bm, RPP=rpp, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
         num_warps=nw, enable_fp_fusion=False,
@@ -433,27 +474,45 @@ def fused_norm_quant(
     emit_y: bool = False,
     round_sum: bool = False,
     weight_offset: float = 1.0,
+    out_codes: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
 ):
-    """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`."""
-    return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset)
+    """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`.
+
+    `out_codes` (`[M, K]` e4m3) / `out_scales` (`[M, K/32]` uint8, row-major only): write
+    into these caller-provided 2-D views (any row stride, unit last stride), e.g.
+    `packed[:, :K].view(float8_e4m3fn)` and `packed[:, K:]` of a row-packed byte buffer;
+    they are returned as `codes` / `scales`. Only addresses change: same bits.
+    """
+    return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset,
+                        out_codes, out_scales)  # fmt: skip
 
 
-def quantize(x: torch.Tensor, swizzled: bool = False):
-    """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`)."""
+def quantize(
+    x: torch.Tensor,
+    swizzled: bool = False,
+    *,
+    out_codes: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
+):
+    """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`).
+
+    `out_codes` / `out_scales`: caller-provided output views, as in :func:`fused_norm_quant`.
+    """
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
         raise ValueError(f"triton_norm_quant: K={k} is not a multiple of {BLOCK}")
     s, sp = k // BLOCK, _round_up(k // BLOCK, 4)
     m_grid = _round_up(m, 128) if swizzled else m
-    codes = torch.empty((m, k), dtype=FP8, device=x.device)
-    scales = torch.empty((m_grid, sp) if swizzled else (m, s), dtype=torch.uint8, device=x.device)
+    codes, scales = _out_views(m, k, swizzled, x.device, out_codes, out_scales)
     if m_grid == 0:
         return codes, scales
     bm, bc, nw = CONFIG_OVERRIDE.get("quant") or quant_config(k, m)
     grid = (triton.cdiv(m_grid, bm), triton.cdiv(k, bc))
     _quant_kernel[grid](
-        x, codes, scales, m, m_grid, k, x.stride(0), s, sp, int(bool(swizzled)),
+        x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s),
+        s, sp, int(bool(swizzled)),
         BM=bm, BC=bc, num_warps=nw, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales
