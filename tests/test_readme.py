@@ -41,3 +41,18 @@ def test_readme_names_every_pass_option():
 
     for option in fields(PassOptions):
         assert f"`{option.name}`" in README
+
+
+def test_console_excerpts_are_what_the_commands_print(capsys):
+    """Every `$ mxfuse ...` block: run it, and each line shown must appear in its output."""
+    from mxfuse import cli
+
+    blocks = code_blocks("console")
+    assert len(blocks) >= 2
+    for block in blocks:
+        command, *shown = block.strip().splitlines()
+        assert command.startswith("$ mxfuse ")
+        cli.main(command.removeprefix("$ mxfuse ").split())
+        printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+        for line in shown:
+            assert line.rstrip() in printed, f"{command}: README shows {line!r}, the command no longer prints it"
