@@ -1,4 +1,4 @@
-"""Rewrite 2 (`sp_gather`) under real torch.distributed: 2 gloo processes spawned by the test.
+"""Rewrite 2 (`sp_gather`) under real torch.distributed: 2 and 4 gloo processes spawned by the test.
 
 The reference model in SP form (`mxfuse.models.Model(config, sp_group=...)`: rows split
 over the ranks, functional-collective all-gathers before qkv_proj and gate_up) is
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 FP8 = torch.float8_e4m3fn
-WORLD = 2
-TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / WORLD
+WORLDS = (2, 4)  # TP 2, and TP 4's bitwise part on CPU (issue 7)
+TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / world
 
 
 def _free_port() -> int:
@@ -149,18 +149,19 @@ def _worker(rank: int, world: int, port: int, queue):
         queue.put((rank, None, traceback.format_exc()))
 
 
-@pytest.fixture(scope="module")
-def reports():
+@pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}" for w in WORLDS])
+def reports(request):
     import torch.multiprocessing as mp
 
+    world = request.param
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, WORLD, port, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
     try:
-        got = [queue.get(timeout=300) for _ in range(WORLD)]
+        got = [queue.get(timeout=600) for _ in range(world)]
     finally:
         for p in procs:
             p.join(timeout=30)
