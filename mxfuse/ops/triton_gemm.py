@@ -25,21 +25,29 @@ scale rows copied to 4-byte alignment when needed (never for the model's shapes)
 Regimes, chosen by M alone (tile shapes only: neither the variant nor the K order
 changes with M):
 
-* decode, M <= 64: weight-read bound (1 byte + 1/32 byte per weight value). BLOCK_M
-  64 (rows wrapped), BLOCK_N 16/32 so that `N / BLOCK_N` programs cover the SMs, K
-  tile 256, 4 stages. No split-K. (BLOCK_M 16, an mma.sync tile, is ~1.6-2x faster
-  here but rounds differently from the wgmma tiles: not batch invariant, not used.)
-* middle, 64 < M < 512: 64 x 128 tiles.
-* prefill, M >= 512: 128 x 256 (bf16) / 64 x 128 (fp8) tiles, grouped program order.
+K is summed in FIXED chunks of `chunk_k(K)` = 768 columns (a function of K alone; the
+last chunk may be shorter). Every output, in every regime, is
+`((0 + c_0) + c_1) + ...`, c_i the fp32 dot of chunk i from a zero accumulator computed
+by the one helper `_chunk_dot` (ascending K, the same wgmma k16 chain whatever BK).
 
-Status (H200, 2 runs, docs/gemm_notes.md): 3-5x slower than bf16 cuBLAS everywhere;
-1.3-2.3x faster than the `tl.dot_scaled` baseline. The issue #8 targets are NOT met.
+* decode, M <= 64 (SPLIT): weight-read bound. One program per (N tile, chunk), grid
+  `(N/32, K/768)`, 64 x 32 x 128 tiles (BLOCK_M 64 = one wgmma row tile, rows wrapped),
+  writes `0 + c_i` to an fp32 workspace `[n_chunks, M, N]`; `_chunk_sum_kernel` adds the
+  chunks in ascending order from 0 and rounds once. (BLOCK_M 16, an mma.sync tile,
+  rounds differently from the wgmma tiles: not batch invariant, not used.)
+* middle, 64 < M < 512: 64 x 128 tiles, one program walks all chunks (a chunk
+  accumulator + the running total in registers).
+* prefill, M >= 512: 128 x 128 (bf16; 128 x 256 would spill with two accumulators) /
+  64 x 128 (fp8) tiles, grouped program order.
 
-Batch invariance: the K loop of every output element runs in the same order
-(ascending K, one fp32 accumulator, no split-K) whatever M and the tile shape are,
-and every default tile uses wgmma (BLOCK_M >= 64), so a row's bits do not depend on
-M (checked on the H200, both variants, M 1..1000 vs 2048:
-tests/test_gpu_gemm.py::test_batch_invariance).
+Status (H200, run 3, docs/gemm_notes.md): decode qkv 35-30 µs (was 62-69; cuBLAS bf16
+12.6-13.6), prefill 270 / 653 µs at M 1024 / 4096 (was 206 / 616). Targets NOT met.
+
+Batch invariance: the chunks depend on K only and each chunk's sum and the order of
+the chunk additions are the same in every regime, and every default tile uses wgmma
+(BLOCK_M >= 64), so a row's bits do not depend on M (checked on the H200, both
+variants, M 1..1000 vs 2048: tests/test_gpu_gemm.py::test_batch_invariance; split ==
+unsplit for several tiles: test_split_k_equals_unsplit).
 
 ``"dot_scaled"`` is the baseline of issue #8: Triton's `tl.dot_scaled` with byte
 scale tiles (emulated on sm_90 by a bf16 upcast in the kernel); ``"dot_scaled_w"`` the
@@ -86,56 +94,25 @@ def _dequant_bf16(q, s, ROWS: tl.constexpr, BK: tl.constexpr):
 # ---------------------------------------------------------------------- kernel
 
 
-@triton.jit(do_not_specialize=["M"])
-def _mx_gemm_kernel(
-    a_ptr,
-    as_ptr,
-    b_ptr,
-    bs_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_asm,
-    stride_bn,
-    stride_bsn,
-    stride_cm,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    VARIANT: tl.constexpr,  # 0 fp8 MMA per 32-chunk, 1 bf16 dequant, 2 tl.dot_scaled, 3 same, word scales
-):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    # grouped ordering: GROUP_M row-tiles share each weight column-tile in L2
-    num_in_group = GROUP_M * num_pid_n
-    group = pid // num_in_group
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % num_in_group) % group_size
-    pid_n = (pid % num_in_group) // group_size
+@triton.jit
+def _chunk_dot(
+    a_ptr, b_ptr, as_w, bs_w, as_ptr, bs_ptr, rm64, rn64, k_lo, k_hi,
+    stride_am, stride_asm, stride_bn, stride_bsn,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, VARIANT: tl.constexpr,
+):  # fmt: skip
+    """fp32 `[BM, BN]` dot of the K range [k_lo, k_hi) (one K chunk), from a zero accumulator.
 
-    rm = (pid_m * BM + tl.arange(0, BM)) % M  # wrapped rows: loads need no mask
-    rn = (pid_n * BN + tl.arange(0, BN)) % N
-    rm64 = rm.to(tl.int64)
-    rn64 = rn.to(tl.int64)
+    The ONE place the products are summed: the decode (split) and the non-split regimes
+    both call it on the same fixed chunks, so a chunk's partial sum has the same bits in
+    every regime (same wgmma k16 chain in ascending K; BK only groups instructions)."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-
-    # Scales are read as int32 words (4 E8M0 bytes = 128 K values): a 1-byte load is
-    # too narrow for an async copy, so Triton would not pipeline it and every K step
-    # would wait a full memory latency (measured: 10x slower). Word strides are in int32.
-    as_w = as_ptr.to(tl.pointer_type(tl.int32))
-    bs_w = bs_ptr.to(tl.pointer_type(tl.int32))
     if VARIANT == 0:
         rk = tl.arange(0, 32)
         a_ptrs = a_ptr + rm64[:, None] * stride_am + rk[None, :]  # [BM, 32]
         b_ptrs = b_ptr + rn64[None, :] * stride_bn + rk[:, None]  # [32, BN], K-major
         as_ptrs = as_w + rm64[:, None] * stride_asm + tl.arange(0, 1)[None, :]  # [BM, 1] words
         bs_ptrs = bs_w + rn64[:, None] * stride_bsn + tl.arange(0, 1)[None, :]
-        for kb in range(0, K // 32, BK // 32):
+        for kb in range(k_lo // 32, k_hi // 32, BK // 32):
             for w in tl.static_range(BK // 128):
                 saw = tl.reshape(tl.load(as_ptrs + (kb // 4 + w)), (BM,))
                 sbw = tl.reshape(tl.load(bs_ptrs + (kb // 4 + w)), (BN,))
@@ -155,7 +132,7 @@ def _mx_gemm_kernel(
         b_ptrs = b_ptr + rn64[:, None] * stride_bn + rk[None, :]  # [BN, BK]
         as_ptrs = as_w + rm64[:, None] * stride_asm + rw[None, :]  # [BM, BK/128] words
         bs_ptrs = bs_w + rn64[:, None] * stride_bsn + rw[None, :]  # [BN, BK/128] words
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             a = tl.load(a_ptrs + k0)
             b = tl.load(b_ptrs + k0)
             if VARIANT == 2:  # the issue's baseline: byte scale tiles straight into tl.dot_scaled
@@ -173,12 +150,94 @@ def _mx_gemm_kernel(
                 acc = tl.dot(a16, tl.trans(b16), acc)
             else:
                 acc = tl.dot_scaled(a, sa.to(tl.uint8), "e4m3", tl.trans(b), sb.to(tl.uint8), "e4m3", acc)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _mx_gemm_kernel(
+    a_ptr,
+    as_ptr,
+    b_ptr,
+    bs_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_bn,
+    stride_bsn,
+    stride_cm,
+    stride_cc,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    CHUNK: tl.constexpr,  # K width of a chunk: depends on K only (chunk_k), a multiple of BK
+    GROUP_M: tl.constexpr,
+    VARIANT: tl.constexpr,  # 0 fp8 MMA per 32-chunk, 1 bf16 dequant, 2 tl.dot_scaled, 3 same, word scales
+    SPLIT: tl.constexpr,  # True: program (tile, chunk) writes its fp32 chunk sum to the workspace c_ptr
+):
+    """Output tile = ((0 + c_0) + c_1) + ... over the K chunks, c_i = _chunk_dot of chunk i.
+
+    SPLIT (decode): grid axis 1 is the chunk; the fp32 `0 + c_i` goes to workspace
+    `[n_chunks, M, N]` (chunk stride stride_cc) and _chunk_sum_kernel adds the chunks in
+    ascending order from 0 and rounds: the same additions as the non-split loop below.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    # grouped ordering: GROUP_M row-tiles share each weight column-tile in L2
+    num_in_group = GROUP_M * num_pid_n
+    group = pid // num_in_group
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_size
+    pid_n = (pid % num_in_group) // group_size
+
+    rm = (pid_m * BM + tl.arange(0, BM)) % M  # wrapped rows: loads need no mask
+    rn = (pid_n * BN + tl.arange(0, BN)) % N
+    rm64 = rm.to(tl.int64)
+    rn64 = rn.to(tl.int64)
+
+    # Scales are read as int32 words (4 E8M0 bytes = 128 K values): a 1-byte load is
+    # too narrow for an async copy, so Triton would not pipeline it and every K step
+    # would wait a full memory latency (measured: 10x slower). Word strides are in int32.
+    as_w = as_ptr.to(tl.pointer_type(tl.int32))
+    bs_w = bs_ptr.to(tl.pointer_type(tl.int32))
+    total = tl.zeros((BM, BN), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(1) * CHUNK
+        c = _chunk_dot(a_ptr, b_ptr, as_w, bs_w, as_ptr, bs_ptr, rm64, rn64, k_lo, tl.minimum(k_lo + CHUNK, K),
+                       stride_am, stride_asm, stride_bn, stride_bsn, BM, BN, BK, VARIANT)  # fmt: skip
+        total = total + c
+    else:
+        for k_lo in range(0, K, CHUNK):
+            c = _chunk_dot(a_ptr, b_ptr, as_w, bs_w, as_ptr, bs_ptr, rm64, rn64, k_lo, tl.minimum(k_lo + CHUNK, K),
+                           stride_am, stride_asm, stride_bn, stride_bsn, BM, BN, BK, VARIANT)  # fmt: skip
+            total = total + c
 
     om = pid_m * BM + tl.arange(0, BM)
     on = pid_n * BN + tl.arange(0, BN)
-    c_ptrs = c_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :]
     mask = (om[:, None] < M) & (on[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if SPLIT:
+        w_ptrs = c_ptr + tl.program_id(1).to(tl.int64) * stride_cc + om.to(tl.int64)[:, None] * N + on[None, :]
+        tl.store(w_ptrs, total, mask=mask)
+    else:
+        c_ptrs = c_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :]
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "stride_cc"])
+def _chunk_sum_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = ((0 + w_0) + w_1) + ... (ascending chunks), rounded once: the split path's second phase."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    t = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in tl.static_range(N_CHUNKS):
+        t = t + tl.load(ws_ptr + i * stride_cc + offs, mask=mask, other=0.0)
+    om = offs // N
+    on = offs % N
+    tl.store(c_ptr + om * stride_cm + on, t.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- heuristics
@@ -192,23 +251,34 @@ def _pow2_divisor(k: int, cap: int) -> int:
     return bk
 
 
+CHUNK_K = 768  # K width of a chunk (a multiple of every BK: 128, 256)
+SPLIT_MAX_M = 64  # decode: one program per (N tile, K chunk) + the chunk-sum kernel
+
+
+def chunk_k(k: int) -> int:
+    """K width of the fixed summation chunks: a function of K ALONE (never of M, the tile
+    or the regime), so every output is the same `((0 + c_0) + c_1) + ...` in every regime.
+    A multiple of 256 (and so of every BK); the last chunk may be shorter (K % 128 == 0)."""
+    return CHUNK_K
+
+
 def default_config(m: int, n: int, k: int, variant: str = DEFAULT_VARIANT) -> dict:
     """Tile shape for an `[m, k] x [n, k]^T` problem. Depends on M only through tile
-    shapes (never the K order), so results stay batch invariant."""
-    if m <= 64:
-        # BM stays 64 (one wgmma row tile, rows wrapped for M < 64): an mma.sync tile
-        # (BM 16) is faster but rounds differently (measured: not batch invariant).
-        bn = 32 if n >= 4096 else 16
-        if variant.startswith("dot_scaled"):
-            bn = max(bn, 32)
-        return dict(BM=64, BN=bn, BK=_pow2_divisor(k, 256), GROUP_M=1, num_warps=4, num_stages=4)
+    shapes and the split (never the chunks or the K order), so results stay batch invariant."""
+    if m <= SPLIT_MAX_M:
+        # split over the K chunks: N/BN * K/CHUNK programs. BM stays 64 (one wgmma row
+        # tile, rows wrapped for M < 64): an mma.sync tile (BM 16) rounds differently.
+        # 64 x 32 x 128, 4 stages: 133 registers, no spill, ~63 KB smem (ptxas, sm_90).
+        # Fastest of the split tiles measured on the H200 (docs/gemm_notes.md, run 3) and
+        # checked bitwise equal to the 64x32x256 split / unsplit and 128x128 tiles there.
+        return dict(BM=64, BN=32, BK=_pow2_divisor(k, 128), GROUP_M=1, num_warps=4, num_stages=4, SPLIT=True)
     if m < 512:
         return dict(BM=64, BN=128, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=4, num_stages=4)
-    if variant == "bf16":
-        return dict(BM=128, BN=256, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=8, num_stages=3)
-    if variant.startswith("dot_scaled"):
-        return dict(BM=128, BN=128, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=8, num_stages=3)
-    return dict(BM=64, BN=128, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=4, num_stages=4)
+    if variant == "fp8":
+        return dict(BM=64, BN=128, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=4, num_stages=4)
+    # 128 x 128, not 128 x 256: the chunk accumulator and the running total are two fp32
+    # register tiles (128 x 256 with 8 warps would need 256 of them per thread).
+    return dict(BM=128, BN=128, BK=_pow2_divisor(k, 128), GROUP_M=8, num_warps=8, num_stages=3)
 
 
 # ------------------------------------------------------------------- launcher
@@ -260,13 +330,22 @@ def mxfp8_linear(
     weight_scales = _word_aligned(weight_scales)
     cfg = dict(config) if config else default_config(m, n, k, variant)
     cfg["BK"] = max(128, _pow2_divisor(k, cfg["BK"]))
-    grid = (triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]),)
+    chunk = chunk_k(k)
+    assert chunk % cfg["BK"] == 0, (chunk, cfg["BK"])
+    n_chunks = triton.cdiv(k, chunk)
+    split = bool(cfg.get("SPLIT", False)) and n_chunks > 1
+    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+    if split:
+        ws = torch.empty((n_chunks, m, n), dtype=torch.float32, device=codes.device)
+        grid, dst, stride_cc = (tiles, n_chunks), ws, m * n
+    else:
+        grid, dst, stride_cc = (tiles,), out, 0
     _mx_gemm_kernel[grid](
         codes,
         scales,
         weight_codes,
         weight_scales,
-        out,
+        dst,
         m,
         n,
         k,
@@ -275,12 +354,20 @@ def mxfp8_linear(
         weight_codes.stride(0),
         weight_scales.stride(0) // 4,
         out.stride(0),
+        stride_cc,
         BM=cfg["BM"],
         BN=cfg["BN"],
         BK=cfg["BK"],
+        CHUNK=chunk,
         GROUP_M=cfg.get("GROUP_M", 8),
         VARIANT=VARIANTS.index(variant),
+        SPLIT=split,
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )
+    if split:
+        block = 1024
+        _chunk_sum_kernel[(triton.cdiv(m * n, block),)](
+            ws, out, m, n, out.stride(0), stride_cc, N_CHUNKS=n_chunks, BLOCK=block, num_warps=4
+        )
     return out
