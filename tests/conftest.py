@@ -1,0 +1,16 @@
+"""Every test compiles afresh: a graph served from Inductor's on-disk FX graph cache (kept
+between runs on one machine) skips the post-grad passes, and with them the reports the
+tests read. The cache key itself is tested through `uuid()` (tests/test_integration.py)."""
+
+import pytest
+import torch
+import torch._functorch.config
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_afresh():
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        yield
