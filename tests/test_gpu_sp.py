@@ -8,12 +8,9 @@ mxfp8 graph must gather uint8. Also: the packed ops' CUDA impls equal the unpack
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import pytest
 import torch
+from spawn_helpers import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,82 +28,54 @@ def _bits(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank_body(rank, world, port):
+    import torch.distributed as dist
 
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    import mxfuse  # noqa: F401
+    from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
+    from mxfuse.passes import post_grad
+    from mxfuse.passes.options import PassOptions
 
-def _worker(rank, world, port, queue):
-    try:
-        import torch.distributed as dist
+    class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
+        def __init__(self, options):
+            self.options, self.gathers, self.calls = options, [], 0
 
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-        import mxfuse  # noqa: F401
-        from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
-        from mxfuse.passes import post_grad
-        from mxfuse.passes.options import PassOptions
+        def __call__(self, graph):
+            self.calls += 1
+            if self.options is not None:
+                post_grad.run(graph, self.options)
+            ag = torch.ops._c10d_functional.all_gather_into_tensor.default
+            self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
 
-        class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-            def __init__(self, options):
-                self.options, self.gathers, self.calls = options, [], 0
+        def uuid(self):
+            return None
 
-            def __call__(self, graph):
-                self.calls += 1
-                if self.options is not None:
-                    post_grad.run(graph, self.options)
-                ag = torch.ops._c10d_functional.all_gather_into_tensor.default
-                self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-
-            def uuid(self):
-                return None
-
-        dev = torch.device("cuda", rank)
-        cfg = ModelConfig.tiny()
-        model = Model(cfg, sp_group=dist.group.WORLD, device=dev)
-        ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world).to(dev) for n in TOKENS}
-        results = {}
-        with torch.no_grad():
-            eager = {n: model(ids[n]) for n in TOKENS}
-            for name, opts in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
-                torch._dynamo.reset()
-                cap = Capture(opts)
-                compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
-                same = []
-                for i, n in enumerate(TOKENS):
-                    x = ids[n].clone()
-                    if i == 0:
-                        torch._dynamo.mark_dynamic(x, 0)
-                    same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
-                results[name] = {"same": same, "gathers": cap.gathers, "compiles": cap.calls}
-        dist.destroy_process_group()
-        queue.put((rank, results, None))
-    except BaseException:
-        queue.put((rank, None, traceback.format_exc()))
+    dev = torch.device("cuda", rank)
+    cfg = ModelConfig.tiny()
+    model = Model(cfg, sp_group=dist.group.WORLD, device=dev)
+    ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world).to(dev) for n in TOKENS}
+    results = {}
+    with torch.no_grad():
+        eager = {n: model(ids[n]) for n in TOKENS}
+        for name, opts in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+            torch._dynamo.reset()
+            cap = Capture(opts)
+            compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
+            same = []
+            for i, n in enumerate(TOKENS):
+                x = ids[n].clone()
+                if i == 0:
+                    torch._dynamo.mark_dynamic(x, 0)
+                same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
+            results[name] = {"same": same, "gathers": cap.gathers, "compiles": cap.calls}
+    dist.destroy_process_group()
+    return results
 
 
 def test_sp_model_bitwise_nccl():
-    import torch.multiprocessing as mp
-
-    world = 2
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        got = [queue.get(timeout=400) for _ in range(world)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    for rank, results, error in got:
-        assert error is None, f"rank {rank} failed:\n{error}"
+    for rank, results in run_ranks(_rank_body, 2, timeout=400).items():
         for mode in ("none", "bf16", "mxfp8"):
             assert results[mode]["same"] == [True] * len(TOKENS), (rank, mode, results[mode])
             assert results[mode]["compiles"] == 1, (rank, mode, results[mode])

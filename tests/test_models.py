@@ -8,12 +8,10 @@ modules, the post-grad graph the passes will see, compiled == eager bitwise
 from __future__ import annotations
 
 import collections
-import os
-import socket
-import traceback
 
 import pytest
 import torch
+from spawn_helpers import run_ranks
 
 from mxfuse.models import (
     GemmaNorm,
@@ -239,63 +237,35 @@ def test_compile_model_helper_and_native_activation(fresh_dynamo):
 # -------------------------------------------------------------------- SP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _sp_rank_body(rank: int, world: int, port: int) -> dict:
+    import torch.distributed as dist
 
-
-def _sp_worker(rank: int, world: int, port: int, queue):
-    try:
-        import torch.distributed as dist
-
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        torch.set_num_threads(1)
-        cfg = ModelConfig.tiny()
-        full = Model(cfg)
-        sp_model = Model(cfg, sp_group=dist.group.WORLD)
-        results = {}
-        for n in (32, 48):
-            ids = example_inputs(cfg, n, seed=n)
-            expected = local_rows(full(ids), rank, world)
-            out = sp_model(local_rows(ids, rank, world))
-            results[f"eager_{n}"] = torch.equal(bits(out), bits(expected))
-        recorder = GraphRecorder()
-        compiled = torch.compile(sp_model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
-        ids = example_inputs(cfg, 32, seed=32)
-        out = compiled(local_rows(ids, rank, world))
-        results["compiled_32"] = torch.equal(bits(out), bits(local_rows(full(ids), rank, world)))
-        counts, edges = recorder.graphs[-1], recorder.edges[-1]
-        results["counts"] = dict(counts)
-        results["edges"] = sorted(edges)
-        dist.destroy_process_group()
-        queue.put((rank, results, None))
-    except BaseException:  # report, never hang the parent
-        queue.put((rank, None, traceback.format_exc()))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    cfg = ModelConfig.tiny()
+    full = Model(cfg)
+    sp_model = Model(cfg, sp_group=dist.group.WORLD)
+    results = {}
+    for n in (32, 48):
+        ids = example_inputs(cfg, n, seed=n)
+        expected = local_rows(full(ids), rank, world)
+        out = sp_model(local_rows(ids, rank, world))
+        results[f"eager_{n}"] = torch.equal(bits(out), bits(expected))
+    recorder = GraphRecorder()
+    compiled = torch.compile(sp_model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
+    ids = example_inputs(cfg, 32, seed=32)
+    out = compiled(local_rows(ids, rank, world))
+    results["compiled_32"] = torch.equal(bits(out), bits(local_rows(full(ids), rank, world)))
+    counts, edges = recorder.graphs[-1], recorder.edges[-1]
+    results["counts"] = dict(counts)
+    results["edges"] = sorted(edges)
+    dist.destroy_process_group()
+    return results
 
 
 @pytest.mark.distributed
 def test_sp_gloo_matches_non_sp_rows():
-    import torch.multiprocessing as mp
-
-    world = 2
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_sp_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        reports = [queue.get(timeout=240) for _ in range(world)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    for rank, results, error in sorted(reports, key=lambda r: r[0]):
-        assert error is None, f"rank {rank} failed:\n{error}"
+    for rank, results in sorted(run_ranks(_sp_rank_body, 2, timeout=240).items()):
         assert results["eager_32"] and results["eager_48"], (rank, results)
         assert results["compiled_32"], (rank, results)
         counts = results["counts"]

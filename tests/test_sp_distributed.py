@@ -11,22 +11,13 @@ the gather) shows wrong bits unrepaired and exact bits once the pass repairs it.
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import pytest
 import torch
+from spawn_helpers import run_ranks
 
 FP8 = torch.float8_e4m3fn
 WORLDS = (2, 4)  # TP 2, and TP 4's bitwise part on CPU (issue 7)
 TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / world
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bits(t):
@@ -132,44 +123,21 @@ def _broken_checks(rank, world, results):
         }
 
 
-def _worker(rank: int, world: int, port: int, queue):
-    try:
-        import torch.distributed as dist
+def _rank_body(rank: int, world: int, port: int) -> dict:
+    import torch.distributed as dist
 
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        torch.set_num_threads(1)
-        results = {}
-        _model_checks(rank, world, results)
-        _broken_checks(rank, world, results)
-        dist.destroy_process_group()
-        queue.put((rank, results, None))
-    except BaseException:  # report, never hang the parent
-        queue.put((rank, None, traceback.format_exc()))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    results = {}
+    _model_checks(rank, world, results)
+    _broken_checks(rank, world, results)
+    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}" for w in WORLDS])
 def reports(request):
-    import torch.multiprocessing as mp
-
-    world = request.param
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        got = [queue.get(timeout=600) for _ in range(world)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    for rank, _, error in got:
-        assert error is None, f"rank {rank} failed:\n{error}"
-    return {rank: results for rank, results, _ in got}
+    return run_ranks(_rank_body, request.param, timeout=600)
 
 
 @pytest.mark.distributed

@@ -8,21 +8,12 @@ mxfp8 mode the vLLM gather carries the packed uint8 buffer and keeps vLLM's grou
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import pytest
 import torch
+from spawn_helpers import run_ranks
 
 WORLD = 2
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Gathers(torch._inductor.custom_graph_pass.CustomGraphPass):
@@ -43,26 +34,22 @@ class _Gathers(torch._inductor.custom_graph_pass.CustomGraphPass):
         return None
 
 
-def _worker(rank: int, port: int, queue):
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
-        from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-        from vllm.distributed import parallel_state
+def _rank_body(rank: int, world: int, port: int) -> dict:
+    import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
 
-        import mxfuse  # noqa: F401
-        from mxfuse.passes.options import PassOptions
+    import mxfuse  # noqa: F401
+    from mxfuse.passes.options import PassOptions
 
-        torch.set_num_threads(1)
-        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-            parallel_state.init_distributed_environment(WORLD, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD)
-            group = parallel_state.get_tp_group().unique_name
-            queue.put((rank, _checks(rank, group, PassOptions), None))
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_distributed_environment()
-    except BaseException:  # report, never hang the parent
-        queue.put((rank, None, traceback.format_exc()))
+    torch.set_num_threads(1)
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        parallel_state.init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        results = _checks(rank, parallel_state.get_tp_group().unique_name, PassOptions)
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
+    return results
 
 
 def _checks(rank: int, group: str, PassOptions) -> dict:
@@ -100,23 +87,7 @@ def _checks(rank: int, group: str, PassOptions) -> dict:
 @pytest.fixture(scope="module")
 def reports():
     pytest.importorskip("vllm")
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    try:
-        got = [queue.get(timeout=300) for _ in range(WORLD)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    for rank, _, error in got:
-        assert error is None, f"rank {rank} failed:\n{error}"
-    return {rank: results for rank, results, _ in got}
+    return run_ranks(_rank_body, WORLD, timeout=300)
 
 
 def test_vllm_all_gather_sp_block_bitwise_in_every_mode(reports):
