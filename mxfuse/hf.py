@@ -10,31 +10,16 @@ from __future__ import annotations
 
 import torch
 
-import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
+from mxfuse.models import MXFP8Linear
 
 HIDDEN = 128
 
 
-class HFMXFP8Linear(torch.nn.Module):
-    """An `nn.Linear` swapped for the project's MXFP8 ops (weights quantized once)."""
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        codes, scales = torch.ops.mxfuse.mxfp8_quantize(linear.weight.detach())
-        self.register_buffer("weight_codes", codes)
-        self.register_buffer("weight_scales", scales)
-
-    def forward(self, x):
-        mx = torch.ops.mxfuse
-        codes, scales = mx.mxfp8_quantize(x)
-        return mx.mxfp8_linear(codes, scales, self.weight_codes, self.weight_scales, x.dtype)
-
-
 def swap_linears(module: torch.nn.Module):
-    """Replace every `nn.Linear` below `module` by an :class:`HFMXFP8Linear`, in place."""
+    """Replace every `nn.Linear` below `module` by an MXFP8 linear of its weight, in place."""
     for name, child in module.named_children():
         if isinstance(child, torch.nn.Linear):
-            setattr(module, name, HFMXFP8Linear(child))
+            setattr(module, name, MXFP8Linear.from_weight(child.weight))
         else:
             swap_linears(child)
 

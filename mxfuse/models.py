@@ -171,10 +171,20 @@ class MXFP8Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, gen: torch.Generator, dtype=torch.bfloat16, device=None):
         super().__init__()
-        if in_features % BLOCK:
-            raise ValueError(f"MXFP8Linear: in_features {in_features} is not a multiple of {BLOCK}")
-        self.in_features, self.out_features = in_features, out_features
-        weight = _randn(gen, (out_features, in_features), 1.0 / math.sqrt(in_features), dtype, device)
+        self._quantize_weight(_randn(gen, (out_features, in_features), 1.0 / math.sqrt(in_features), dtype, device))
+
+    @classmethod
+    def from_weight(cls, weight: Tensor) -> "MXFP8Linear":
+        """An MXFP8 linear of an existing `[out, in]` weight (e.g. a Hugging Face `nn.Linear`'s)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._quantize_weight(weight.detach())
+        return layer
+
+    def _quantize_weight(self, weight: Tensor):
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % BLOCK:
+            raise ValueError(f"MXFP8Linear: in_features {self.in_features} is not a multiple of {BLOCK}")
         codes, scales = torch.ops.mxfuse.mxfp8_quantize(weight)
         self.register_buffer("weight_codes", codes)
         self.register_buffer("weight_scales", scales)
