@@ -6,9 +6,9 @@ output), the ratio to bf16 cuBLAS (`torch.matmul` of the dequantized bf16 operan
 and the speedup over the `tl.dot_scaled` baseline; then the composite
 "norm + quant + qkv GEMM" fused vs. unfused vs. bf16.
 
-Timing (DESIGN.md "Measuring"): a CUDA graph of 64 back-to-back calls cycling
-through enough input sets (weights included) that they cannot sit in L2, median of
-7 replays, per call.
+Timing (DESIGN.md "Measuring", tools/_timing.py): a CUDA graph of 64 back-to-back
+calls cycling through enough input sets (weights included) that they cannot sit in L2,
+the L2 flushed before each replay, median of 7 replays, per call.
 
     PYTHONPATH=. python3 tools/bench_gemm.py [--out DIR] [--sweep] [--quick]
 
@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -35,52 +34,21 @@ SHAPES = [
     ("down", 6144, 2304),
 ]
 MS = [1, 16, 64, 256, 1024, 4096]
-L2_BYTES = 60 * 2**20
+TIMED_VARIANTS = ("swap", "bf16", "fp8", "dot_scaled")  # each with its default tiles
 SWEEP_DEADLINE = [float("inf")]  # wall-clock time after which --sweep stops adding configs
-CALLS = 64
-REPLAYS = 7
 
 
-# ------------------------------------------------------------------ timing
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph  # noqa: E402
 
 
-def time_cuda_graph(calls_per_set, calls: int = CALLS, replays: int = REPLAYS) -> float:
-    """Median µs per call of a graph of `calls` calls cycling through `calls_per_set`."""
-    fns = list(calls_per_set)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:  # compile / autotune / warm outside the capture
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for j in range(calls):
-            fns[j % len(fns)]()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
+def time_cuda_graph(calls_per_set) -> float:
+    """Median µs per call of a graph of 64 calls cycling through the zero-argument calls."""
+    return _time_graph(lambda f: f(), [(f,) for f in calls_per_set])
 
 
 def n_sets_for(bytes_per_set: int) -> int:
-    return int(min(32, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
-
-
-def copy_bandwidth_tbs() -> float:
-    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    t = time_cuda_graph([lambda: y.copy_(x)], calls=8, replays=5)
-    return 2 * x.numel() / (t * 1e-6) / 1e12
+    return min(32, n_input_sets(bytes_per_set))
 
 
 # ------------------------------------------------------------------ inputs
@@ -132,26 +100,19 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         )
         r["cublas"] = time_cuda_graph([lambda d=d: torch.matmul(d["xb"], d["wbT"]) for d in sets[:bf]])
         r["variant"] = triton_gemm.DEFAULT_VARIANT
-        other = "fp8" if r["variant"] != "fp8" else "bf16"
-        r["other"] = other
-        r["other_us"] = time_cuda_graph(
-            [
-                lambda d=d: triton_gemm.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=other)
-                for d in sets
-            ]
-        )
-        try:
-            r["dot_scaled"] = time_cuda_graph(
-                [
-                    lambda d=d: triton_gemm.mxfp8_linear(
-                        d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant="dot_scaled"
-                    )
-                    for d in sets
-                ]
-            )
-        except Exception as e:  # noqa: BLE001
-            log(f"dot_scaled failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
-            r["dot_scaled"] = float("nan")
+        for variant in TIMED_VARIANTS:
+            try:
+                r[variant] = time_cuda_graph(
+                    [
+                        lambda d=d, v=variant: triton_gemm.mxfp8_linear(
+                            d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=v
+                        )
+                        for d in sets
+                    ]
+                )
+            except Exception as e:  # noqa: BLE001
+                log(f"{variant} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
+                r[variant] = float("nan")
         if sweep_cfgs and time.time() < SWEEP_DEADLINE[0]:
             for variant, cfg in sweep_cfgs(m):
                 try:
@@ -174,46 +135,63 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         r["tflops"] = flops / (r["ours"] * 1e-6) / 1e12
         r["tbs"] = set_bytes(m, n, k) / (r["ours"] * 1e-6) / 1e12
         rows.append(r)
-        log(
-            f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
-            f"dot_scaled {r['dot_scaled']:.2f} us, {r['other']} {r['other_us']:.2f} us"
-        )
+        log(f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
+            + ", ".join(f"{v} {r[v]:.2f}" for v in TIMED_VARIANTS))
     return rows, sweep_rows
 
 
 def _cfg_str(cfg):
-    split = " split" if cfg.get("SPLIT") else ""
-    return f"{cfg['BM']}x{cfg['BN']}x{cfg['BK']} w{cfg['num_warps']} s{cfg['num_stages']}{split}"
+    flags = " ".join(f for f in ("SPLIT", "FLAT", "X_BF16", "W_BF16") if cfg.get(f))
+    chunk = f" chunk{cfg['CHUNK']}" if "CHUNK" in cfg else ""
+    if "BM" in cfg and "GROUP_N" in cfg:  # swap: weight rows x activation rows
+        tile = f"W{cfg['BN']}xX{cfg['BM']}x{cfg['BK']}"
+    else:
+        tile = f"{cfg['BM']}x{cfg['BN']}x{cfg['BK']}"
+    return f"{tile} w{cfg['num_warps']} s{cfg['num_stages']} {flags}{chunk}".strip()
 
 
 def sweep_candidates(m):
-    """Tile configurations tried by --sweep at this M: (variant, config)."""
-    def c(bm, bn, bk, w, s, g=8, split=False):
-        return dict(BM=bm, BN=bn, BK=bk, GROUP_M=g, num_warps=w, num_stages=s, SPLIT=split)
+    """Tile configurations tried by --sweep at this M: (variant, config). Every config sums
+    the same fixed K chunks (batch invariant) unless it sets CHUNK (timing only)."""
 
+    def sw(bn, bm, bk, w, s, g=8, **flags):
+        return "swap", dict(BN=bn, BM=bm, BK=bk, GROUP_N=g, num_warps=w, num_stages=s, **flags)
+
+    bm = min(64, max(16, 1 << (m - 1).bit_length()))
     if m <= 64:
-        # every split config sums the same fixed K chunks: all batch invariant
         return [
-            ("bf16", c(64, 32, 256, 4, 3, 1, True)),
-            ("bf16", c(64, 16, 256, 4, 3, 1, True)),
-            ("bf16", c(64, 64, 256, 4, 3, 1, True)),
-            ("bf16", c(64, 32, 128, 4, 4, 1, True)),
-            ("bf16", c(64, 32, 256, 4, 3, 1)),  # no split: one program walks all chunks
-            ("fp8", c(64, 32, 256, 4, 3, 1, True)),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True),
+            sw(64, bm, 128, 4, 6, 1, SPLIT=True),
+            sw(64, bm, 256, 4, 3, 1, SPLIT=True),
+            sw(64, bm, 256, 4, 4, 1, SPLIT=True),
+            sw(128, bm, 128, 4, 4, 1, SPLIT=True),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=1536),
+            sw(64, bm, 256, 4, 4, 1, SPLIT=True, CHUNK=1536),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=384),
+            sw(64, bm, 256, 4, 4, 1, FLAT=True),  # no split: one program per weight tile
+            sw(64, bm, 128, 4, 6, 1, FLAT=True),
         ]
     if m < 512:
         return [
-            ("bf16", c(64, 128, 128, 4, 4)),
-            ("bf16", c(64, 64, 128, 4, 4)),
-            ("bf16", c(128, 128, 128, 8, 3)),
-            ("fp8", c(64, 128, 128, 4, 4)),
+            sw(128, 64, 128, 4, 4, FLAT=True),
+            sw(128, 64, 128, 4, 4),
+            sw(64, 64, 128, 4, 4, FLAT=True),
+            sw(64, 128, 128, 4, 4, FLAT=True),
+            sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
+            sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True),
         ]
     return [
-        ("bf16", c(128, 128, 128, 8, 3)),
-        ("bf16", c(128, 128, 128, 8, 4)),
-        ("bf16", c(128, 256, 128, 8, 3)),  # spills with the chunk accumulator + total
-        ("bf16", c(64, 128, 128, 4, 4)),
-        ("fp8", c(64, 128, 128, 4, 4)),
+        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
+        sw(128, 128, 128, 8, 4, FLAT=True, X_BF16=True),
+        sw(128, 128, 128, 8, 3, X_BF16=True),
+        sw(128, 128, 128, 8, 3, FLAT=True),
+        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
+        sw(128, 128, 128, 8, 4, FLAT=True, X_BF16=True, W_BF16=True),
+        sw(128, 256, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
+        sw(256, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
+        sw(128, 128, 256, 8, 3, FLAT=True, X_BF16=True),
+        sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True),
+        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True, CHUNK=6144),
     ]
 
 
@@ -274,21 +252,26 @@ def bench_composite(ms, log=print):
 
 
 def gemm_table(rows, copy_tbs):
+    default = rows[0]["variant"] if rows else "?"
+    others = [v for v in TIMED_VARIANTS if v != default]
     out = [
         f"MXFP8 GEMM `mxfuse::mxfp8_linear` (bf16 out), {torch.cuda.get_device_name()}, "
         f"copy bandwidth {copy_tbs:.2f} TB/s. t/cuBLAS < 1 is faster than bf16 cuBLAS.",
         "",
-        f"Ours = variant `{rows[0]['variant'] if rows else '?'}` with default tiles; "
-        f"`{rows[0]['other'] if rows else '?'}` = the other variant, default tiles.",
+        f"Ours = the op with its default variant `{default}` and default tiles; the other "
+        "columns are the other variants with their default tiles.",
         "",
-        "| shape (N, K) | M | ours µs | TFLOP/s | TB/s | cuBLAS bf16 µs | t/cuBLAS | dot_scaled µs | speedup vs dot_scaled | other variant µs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| shape (N, K) | M | ours µs | TFLOP/s | TB/s | cuBLAS bf16 µs | t/cuBLAS | "
+        + " | ".join(f"{v} µs" for v in others)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(others),
     ]
     for r in rows:
         out.append(
             f"| {r['shape']} ({r['N']}, {r['K']}) | {r['M']} | {r['ours']:.2f} | {r['tflops']:.1f} | {r['tbs']:.2f} | "
-            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | {r['dot_scaled']:.2f} | "
-            f"{r['dot_scaled'] / r['ours']:.2f} | {r['other_us']:.2f} |"
+            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | "
+            + " | ".join(f"{r[v]:.2f}" for v in others)
+            + " |"
         )
     return "\n".join(out)
 

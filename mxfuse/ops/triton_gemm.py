@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 MX_BLOCK = 32
-VARIANTS = ("fp8", "bf16", "dot_scaled", "dot_scaled_w")
+VARIANTS = ("fp8", "bf16", "dot_scaled", "dot_scaled_w", "swap")
 DEFAULT_VARIANT = os.environ.get("MXFUSE_GEMM_VARIANT", "bf16")
 
 
@@ -240,6 +240,110 @@ def _chunk_sum_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.co
     tl.store(c_ptr + om * stride_cm + on, t.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _bf16_tile(q_ptrs, s_ptrs, k0, ROWS: tl.constexpr, BK: tl.constexpr, IS_BF16: tl.constexpr):
+    """[ROWS, BK] bf16 operand tile at K offset k0: loaded as is (a pre-dequantized bf16
+    buffer) or dequantized on chip from e4m3 codes + int32 words of 4 E8M0 scales."""
+    if IS_BF16:
+        return tl.load(q_ptrs + k0)
+    q = tl.load(q_ptrs + k0)
+    sw = tl.load(s_ptrs + k0 // 128)
+    sh = tl.arange(0, 4) * 8
+    s = ((sw[:, :, None] >> sh[None, None, :]) & 0xFF).reshape(ROWS, BK // 32)
+    return _dequant_bf16(q, s, ROWS, BK)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _mx_gemm_swap_kernel(
+    w_ptr, ws_ptr, x_ptr, xs_ptr, c_ptr,
+    M, N, K,
+    stride_wn, stride_wsn, stride_xm, stride_xsm, stride_cm, stride_cc,
+    BN: tl.constexpr,  # weight rows per tile: the wgmma M side (64 per warpgroup)
+    BM: tl.constexpr,  # activation rows per tile: the wgmma N side (16 is enough at decode)
+    BK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    W_BF16: tl.constexpr,  # weight operand is a pre-dequantized bf16 [N, K] buffer
+    X_BF16: tl.constexpr,  # activation operand is a pre-dequantized bf16 [M, K] buffer
+    SPLIT: tl.constexpr,
+    FLAT: tl.constexpr,  # one K loop that folds the chunk into the total at chunk ends
+):  # fmt: skip
+    """Swapped operands: out^T tile [BN, BM] = W tile [BN, BK] @ X tile^T, chunked like
+    `_mx_gemm_kernel`: output = ((0 + c_0) + c_1) + ..., c_i a wgmma k16 chain from zero.
+
+    The weight is the wgmma A operand (dequantized in registers, no shared-memory round
+    trip); the activation rows are the N side, so a decode tile is 64 weight rows x 16
+    activation rows instead of 64 wrapped activation rows (4x less wasted dequant and MMA)."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BN)
+    num_pid_m = tl.cdiv(M, BM)
+    num_in_group = GROUP_N * num_pid_m
+    group = pid // num_in_group
+    first_n = group * GROUP_N
+    group_size = tl.minimum(num_pid_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % num_in_group) % group_size
+    pid_m = (pid % num_in_group) // group_size
+
+    rn64 = ((pid_n * BN + tl.arange(0, BN)) % N).to(tl.int64)  # wrapped rows: loads need no mask
+    rm64 = ((pid_m * BM + tl.arange(0, BM)) % M).to(tl.int64)
+    rk = tl.arange(0, BK)
+    rw = tl.arange(0, BK // 128)
+    w_ptrs = w_ptr + rn64[:, None] * stride_wn + rk[None, :]
+    x_ptrs = x_ptr + rm64[:, None] * stride_xm + rk[None, :]
+    ws_ptrs = ws_ptr.to(tl.pointer_type(tl.int32)) + rn64[:, None] * stride_wsn + rw[None, :]
+    xs_ptrs = xs_ptr.to(tl.pointer_type(tl.int32)) + rm64[:, None] * stride_xsm + rw[None, :]
+
+    total = tl.zeros((BN, BM), dtype=tl.float32)
+    if SPLIT:
+        k_lo = tl.program_id(1) * CHUNK
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(k_lo, tl.minimum(k_lo + CHUNK, K), BK):
+            w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
+            x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
+            acc = tl.dot(w16, tl.trans(x16), acc)
+        total = total + acc
+    elif FLAT:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
+            x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
+            acc = tl.dot(w16, tl.trans(x16), acc)
+            if ((k0 + BK) % CHUNK == 0) | (k0 + BK >= K):
+                total = total + acc
+                acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        for k_lo in range(0, K, CHUNK):
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+            for k0 in range(k_lo, tl.minimum(k_lo + CHUNK, K), BK):
+                w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
+                x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
+                acc = tl.dot(w16, tl.trans(x16), acc)
+            total = total + acc
+
+    out = tl.trans(total)  # [BM, BN]: stores contiguous along N
+    om = pid_m * BM + tl.arange(0, BM)
+    on = pid_n * BN + tl.arange(0, BN)
+    mask = (om[:, None] < M) & (on[None, :] < N)
+    if SPLIT:
+        w_out = c_ptr + tl.program_id(1).to(tl.int64) * stride_cc + om.to(tl.int64)[:, None] * N + on[None, :]
+        tl.store(w_out, out, mask=mask)
+    else:
+        tl.store(c_ptr + om.to(tl.int64)[:, None] * stride_cm + on[None, :], out.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _dequant_rows_kernel(q_ptr, s_ptr, o_ptr, M, K, stride_qm, stride_sm, stride_om, BK: tl.constexpr):
+    """bf16 [M, K] = exact dequant of e4m3 codes + int32 scale words (prefill's activation
+    operand, dequantized once instead of once per weight tile)."""
+    row = tl.program_id(0).to(tl.int64)
+    k0 = tl.program_id(1) * BK
+    rk = tl.arange(0, BK)
+    q_ptrs = q_ptr + row * stride_qm + rk[None, :]
+    s_ptrs = s_ptr.to(tl.pointer_type(tl.int32)) + row * stride_sm + tl.arange(0, BK // 128)[None, :]
+    v = _bf16_tile(q_ptrs, s_ptrs, k0, 1, BK, False)
+    tl.store(o_ptr + row * stride_om + k0 + rk[None, :], v)
+
+
 # ---------------------------------------------------------------- heuristics
 
 
@@ -262,9 +366,22 @@ def chunk_k(k: int) -> int:
     return CHUNK_K
 
 
+def swap_config(m: int, n: int, k: int) -> dict:
+    """Tiles of the "swap" variant (weight rows on the wgmma M side). BN = weight rows,
+    BM = activation rows (a power of two >= 16: the wgmma N side)."""
+    bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    if m <= SPLIT_MAX_M:
+        return dict(BN=64, BM=bm, BK=128, GROUP_N=1, num_warps=4, num_stages=4, SPLIT=True)
+    if m < 512:
+        return dict(BN=128, BM=64, BK=128, GROUP_N=8, num_warps=4, num_stages=4, FLAT=True)
+    return dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True)
+
+
 def default_config(m: int, n: int, k: int, variant: str = DEFAULT_VARIANT) -> dict:
     """Tile shape for an `[m, k] x [n, k]^T` problem. Depends on M only through tile
     shapes and the split (never the chunks or the K order), so results stay batch invariant."""
+    if variant == "swap":
+        return swap_config(m, n, k)
     if m <= SPLIT_MAX_M:
         # split over the K chunks: N/BN * K/CHUNK programs. BM stays 64 (one wgmma row
         # tile, rows wrapped for M < 64): an mma.sync tile (BM 16) rounds differently.
@@ -330,6 +447,8 @@ def mxfp8_linear(
     weight_scales = _word_aligned(weight_scales)
     cfg = dict(config) if config else default_config(m, n, k, variant)
     cfg["BK"] = max(128, _pow2_divisor(k, cfg["BK"]))
+    if variant == "swap":
+        return _launch_swap(codes, scales, weight_codes, weight_scales, out, cfg)
     chunk = chunk_k(k)
     assert chunk % cfg["BK"] == 0, (chunk, cfg["BK"])
     n_chunks = triton.cdiv(k, chunk)
@@ -365,6 +484,52 @@ def mxfp8_linear(
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )
+    if split:
+        block = 1024
+        _chunk_sum_kernel[(triton.cdiv(m * n, block),)](
+            ws, out, m, n, out.stride(0), stride_cc, N_CHUNKS=n_chunks, BLOCK=block, num_warps=4
+        )
+    return out
+
+
+def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Exact bf16 `[M, K]` of MXFP8 rows (K % 128 == 0, word-aligned scale rows)."""
+    m, k = codes.shape
+    out = torch.empty((m, k), dtype=torch.bfloat16, device=codes.device)
+    if m:
+        bk = _pow2_divisor(k, 1024)
+        _dequant_rows_kernel[(m, k // bk)](
+            codes, scales, out, m, k, codes.stride(0), scales.stride(0) // 4, out.stride(0), BK=bk, num_warps=4
+        )
+    return out
+
+
+def _launch_swap(codes, scales, weight_codes, weight_scales, out, cfg):
+    """The "swap" variant (see `_mx_gemm_swap_kernel`); cfg keys beyond the tiles:
+    SPLIT (decode), FLAT, X_BF16 / W_BF16 (dequantize that operand once, up front), CHUNK
+    (benchmarks only: another chunk width changes the bits)."""
+    m, k = codes.shape
+    n = weight_codes.shape[0]
+    chunk = cfg.get("CHUNK", chunk_k(k))
+    assert chunk % cfg["BK"] == 0, (chunk, cfg["BK"])
+    x_bf16, w_bf16 = bool(cfg.get("X_BF16", False)), bool(cfg.get("W_BF16", False))
+    x = dequantize_rows(codes, scales) if x_bf16 else codes
+    w = dequantize_rows(weight_codes, weight_scales) if w_bf16 else weight_codes
+    n_chunks = triton.cdiv(k, chunk)
+    split = bool(cfg.get("SPLIT", False)) and n_chunks > 1
+    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+    if split:
+        ws = torch.empty((n_chunks, m, n), dtype=torch.float32, device=codes.device)
+        grid, dst, stride_cc = (tiles, n_chunks), ws, m * n
+    else:
+        grid, dst, stride_cc = (tiles,), out, 0
+    _mx_gemm_swap_kernel[grid](
+        w, weight_scales, x, scales, dst, m, n, k,
+        w.stride(0), weight_scales.stride(0) // 4, x.stride(0), scales.stride(0) // 4, out.stride(0), stride_cc,
+        BN=cfg["BN"], BM=cfg["BM"], BK=cfg["BK"], CHUNK=chunk, GROUP_N=cfg.get("GROUP_N", 8),
+        W_BF16=w_bf16, X_BF16=x_bf16, SPLIT=split, FLAT=bool(cfg.get("FLAT", False)),
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
     if split:
         block = 1024
         _chunk_sum_kernel[(triton.cdiv(m * n, block),)](
