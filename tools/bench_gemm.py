@@ -161,36 +161,35 @@ def sweep_candidates(m):
     if m <= 64:
         return [
             sw(64, bm, 128, 4, 4, 1, SPLIT=True),
+            sw(64, bm, 128, 4, 3, 1, SPLIT=True),
             sw(64, bm, 128, 4, 6, 1, SPLIT=True),
             sw(64, bm, 256, 4, 3, 1, SPLIT=True),
-            sw(64, bm, 256, 4, 4, 1, SPLIT=True),
             sw(128, bm, 128, 4, 4, 1, SPLIT=True),
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=1536),
-            sw(64, bm, 256, 4, 4, 1, SPLIT=True, CHUNK=1536),
+            sw(128, bm, 128, 8, 4, 1, SPLIT=True),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True, X_BF16=True),
             sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=384),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=1536),
             sw(64, bm, 256, 4, 4, 1, FLAT=True),  # no split: one program per weight tile
-            sw(64, bm, 128, 4, 6, 1, FLAT=True),
         ]
     if m < 512:
         return [
             sw(128, 64, 128, 4, 4, FLAT=True),
             sw(128, 64, 128, 4, 4),
             sw(64, 64, 128, 4, 4, FLAT=True),
-            sw(64, 128, 128, 4, 4, FLAT=True),
-            sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
-            sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True),
+            sw(64, 128, 128, 4, 4),
+            sw(128, 64, 128, 4, 4, X_BF16=True),
+            sw(128, 128, 128, 8, 3, X_BF16=True),
+            sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True, W_BF16=True),
         ]
     return [
-        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
-        sw(128, 128, 128, 8, 4, FLAT=True, X_BF16=True),
         sw(128, 128, 128, 8, 3, X_BF16=True),
-        sw(128, 128, 128, 8, 3, FLAT=True),
+        sw(128, 128, 128, 8, 4, X_BF16=True),
+        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
+        sw(128, 128, 128, 8, 3),
+        sw(128, 64, 128, 4, 4, X_BF16=True),
         sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(128, 128, 128, 8, 4, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(128, 256, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(256, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(128, 128, 256, 8, 3, FLAT=True, X_BF16=True),
-        sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True),
+        sw(128, 128, 128, 8, 3, X_BF16=True, W_BF16=True),
+        sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True, W_BF16=True),
         sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True, CHUNK=6144),
     ]
 

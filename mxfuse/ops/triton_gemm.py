@@ -2,56 +2,40 @@
 
 `out[M, N] = dequant(codes, scales) @ dequant(weight_codes, weight_scales).T`, fp32
 accumulation, rounded once to `out_dtype`. `dequant(q, s) = q * 2**(s - 127)` per
-32-element block of a row (E8M0 scales, row-major `[rows, K/32]`).
+32-element block of a row (E8M0 scales, row-major `[rows, K/32]`). `e4m3 * 2**k` is exact
+in bf16 (4 significant bits, fp32's exponent range; only blocks with scale byte < 10 can
+land in bf16's subnormals and round), so both operands go to bf16 wgmma exactly.
 
-Two ways to feed Hopper's tensor cores (both "variants" share one kernel):
+Arithmetic (every variant, every regime): K is summed in FIXED chunks of `chunk_k(K)` = 768
+columns (a function of K alone); every output is `((0 + c_0) + c_1) + ...`, c_i the fp32
+wgmma k16 chain over chunk i in ascending K from zero. Tiles, splits and whether an
+operand is dequantized on chip or up front change with M; the additions do not, so a row's
+bits never depend on M (batch invariance; tests/test_gpu_gemm.py on the H200).
 
-* ``"bf16"`` (the default): the operand tiles are dequantized on chip, exactly, to
-  bf16 (`e4m3 * 2**k` is exact in bf16: 4 significant bits, fp32's exponent range;
-  only blocks with scale byte < 10, magnitudes < 2**-108, can land in bf16's
-  subnormals and round), then one chained bf16 wgmma (`tl.dot`) per K tile.
-* ``"fp8"``: e4m3 codes go to the tensor core as they are. One fp8 MMA per 32-wide K
-  chunk (the MX block) gives the raw partial sum `p[m, n]`; the scales are applied on
-  the CUDA cores, `acc += (p * 2**(sa[m]-127)) * 2**(sb[n]-127)` (a multiply and an FMA
-  per accumulator element per 32 K). Faster than "bf16" for 16 <= M (measured on the
-  H200), slower at M = 1: its per-chunk scale loads are not software-pipelined by
-  Triton (they feed no dot), so each K step waits on them.
+The default variant, ``"swap"`` (`_mx_gemm_swap_kernel`): weight rows on the wgmma M side
+(the dequantized weight tile is the register A operand), activation rows on the N side, so a
+decode tile is 64 weight rows x 16 activation rows. Regimes (`swap_config`, by M alone):
+
+* decode, M <= 64 (weight-read bound): split over the K chunks, one program per (64 weight
+  rows, chunk), both operands dequantized on chip (each weight element once); fp32
+  workspace `[n_chunks, M, N]`, then `_chunk_sum_kernel` adds the chunks in ascending order.
+* M > 64 (tensor-core bound): both operands dequantized ONCE to bf16 by `_dequant_rows_kernel`
+  (weight: an `[N, K]` bf16 scratch per call, 2 bytes a value), then a plain bf16 wgmma GEMM
+  over the same chunks (one K loop that folds the chunk into the total at chunk ends).
+  Dequantizing the weight inside every M tile cost 2.5x more than the GEMM itself.
+
+Kept for comparison (benchmarks, tests), never chosen by default, in `_mx_gemm_kernel`:
+``"bf16"`` (activation rows on the M side, both tiles dequantized on chip: the previous
+default; bitwise equal to "swap"), ``"fp8"`` (fp8 wgmma per 32-wide block, scales applied to
+the partial sums on the CUDA cores), ``"dot_scaled"`` (issue #8's baseline, Triton's
+`tl.dot_scaled`, emulated on sm_90) and ``"dot_scaled_w"`` (the same with word-loaded scales).
 
 Scales are read as int32 words (4 E8M0 bytes): Triton does not turn 1-byte loads into
-async copies, so byte-wide scale loads stall every K step (this alone made the
-kernels and `tl.dot_scaled` 2-10x slower). K is zero-padded to a multiple of 128 and
-scale rows copied to 4-byte alignment when needed (never for the model's shapes).
+async copies, so byte-wide scale loads stall every K step (this alone made the kernels
+and `tl.dot_scaled` 2-10x slower). K is zero-padded to a multiple of 128 and scale rows
+copied to 4-byte alignment when needed (never for the model's shapes).
 
-Regimes, chosen by M alone (tile shapes only: neither the variant nor the K order
-changes with M):
-
-K is summed in FIXED chunks of `chunk_k(K)` = 768 columns (a function of K alone; the
-last chunk may be shorter). Every output, in every regime, is
-`((0 + c_0) + c_1) + ...`, c_i the fp32 dot of chunk i from a zero accumulator computed
-by the one helper `_chunk_dot` (ascending K, the same wgmma k16 chain whatever BK).
-
-* decode, M <= 64 (SPLIT): weight-read bound. One program per (N tile, chunk), grid
-  `(N/32, K/768)`, 64 x 32 x 128 tiles (BLOCK_M 64 = one wgmma row tile, rows wrapped),
-  writes `0 + c_i` to an fp32 workspace `[n_chunks, M, N]`; `_chunk_sum_kernel` adds the
-  chunks in ascending order from 0 and rounds once. (BLOCK_M 16, an mma.sync tile,
-  rounds differently from the wgmma tiles: not batch invariant, not used.)
-* middle, 64 < M < 512: 64 x 128 tiles, one program walks all chunks (a chunk
-  accumulator + the running total in registers).
-* prefill, M >= 512: 128 x 128 (bf16; 128 x 256 would spill with two accumulators) /
-  64 x 128 (fp8) tiles, grouped program order.
-
-Status (H200, run 3, docs/gemm_notes.md): decode qkv 35-30 µs (was 62-69; cuBLAS bf16
-12.6-13.6), prefill 270 / 653 µs at M 1024 / 4096 (was 206 / 616). Targets NOT met.
-
-Batch invariance: the chunks depend on K only and each chunk's sum and the order of
-the chunk additions are the same in every regime, and every default tile uses wgmma
-(BLOCK_M >= 64), so a row's bits do not depend on M (checked on the H200, both
-variants, M 1..1000 vs 2048: tests/test_gpu_gemm.py::test_batch_invariance; split ==
-unsplit for several tiles: test_split_k_equals_unsplit).
-
-``"dot_scaled"`` is the baseline of issue #8: Triton's `tl.dot_scaled` with byte
-scale tiles (emulated on sm_90 by a bf16 upcast in the kernel); ``"dot_scaled_w"`` the
-same fed from word-loaded scales. Kept for comparison, never chosen by default.
+Numbers (H200): docs/gemm_notes.md and the README.
 
 Inputs: codes `[M, K]` float8_e4m3fn with a unit last stride (rows may be strided,
 e.g. `buf[:, :K]` of a row-packed byte buffer), scales `[M, K/32]` uint8 (unit last
@@ -69,7 +53,7 @@ import triton.language as tl
 
 MX_BLOCK = 32
 VARIANTS = ("fp8", "bf16", "dot_scaled", "dot_scaled_w", "swap")
-DEFAULT_VARIANT = os.environ.get("MXFUSE_GEMM_VARIANT", "bf16")
+DEFAULT_VARIANT = os.environ.get("MXFUSE_GEMM_VARIANT", "swap")
 
 
 # --------------------------------------------------------------------- helpers
@@ -243,14 +227,25 @@ def _chunk_sum_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.co
 @triton.jit
 def _bf16_tile(q_ptrs, s_ptrs, k0, ROWS: tl.constexpr, BK: tl.constexpr, IS_BF16: tl.constexpr):
     """[ROWS, BK] bf16 operand tile at K offset k0: loaded as is (a pre-dequantized bf16
-    buffer) or dequantized on chip from e4m3 codes + int32 words of 4 E8M0 scales."""
-    if IS_BF16:
-        return tl.load(q_ptrs + k0)
+    buffer) or dequantized on chip from e4m3 codes + int32 words of 4 E8M0 scales.
+    (Dequantizing per 32-wide block straight in the wgmma operand layout instead avoids a
+    shared-memory round trip but was 10-20% slower at decode: one wgmma wait per block.)"""
     q = tl.load(q_ptrs + k0)
+    if IS_BF16:
+        return q
     sw = tl.load(s_ptrs + k0 // 128)
     sh = tl.arange(0, 4) * 8
     s = ((sw[:, :, None] >> sh[None, None, :]) & 0xFF).reshape(ROWS, BK // 32)
     return _dequant_bf16(q, s, ROWS, BK)
+
+
+@triton.jit
+def _swap_step(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, k0, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+               W_BF16: tl.constexpr, X_BF16: tl.constexpr):  # fmt: skip
+    """acc + W[:, k0:k0+BK] @ X[:, k0:k0+BK]^T (one wgmma k16 chain, ascending K)."""
+    w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
+    x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
+    return tl.dot(w16, tl.trans(x16), acc)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -298,16 +293,12 @@ def _mx_gemm_swap_kernel(
         k_lo = tl.program_id(1) * CHUNK
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for k0 in range(k_lo, tl.minimum(k_lo + CHUNK, K), BK):
-            w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
-            x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
-            acc = tl.dot(w16, tl.trans(x16), acc)
+            acc = _swap_step(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, k0, BN, BM, BK, W_BF16, X_BF16)
         total = total + acc
     elif FLAT:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
-            x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
-            acc = tl.dot(w16, tl.trans(x16), acc)
+            acc = _swap_step(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, k0, BN, BM, BK, W_BF16, X_BF16)
             if ((k0 + BK) % CHUNK == 0) | (k0 + BK >= K):
                 total = total + acc
                 acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -315,9 +306,7 @@ def _mx_gemm_swap_kernel(
         for k_lo in range(0, K, CHUNK):
             acc = tl.zeros((BN, BM), dtype=tl.float32)
             for k0 in range(k_lo, tl.minimum(k_lo + CHUNK, K), BK):
-                w16 = _bf16_tile(w_ptrs, ws_ptrs, k0, BN, BK, W_BF16)
-                x16 = _bf16_tile(x_ptrs, xs_ptrs, k0, BM, BK, X_BF16)
-                acc = tl.dot(w16, tl.trans(x16), acc)
+                acc = _swap_step(acc, w_ptrs, ws_ptrs, x_ptrs, xs_ptrs, k0, BN, BM, BK, W_BF16, X_BF16)
             total = total + acc
 
     out = tl.trans(total)  # [BM, BN]: stores contiguous along N
@@ -333,15 +322,13 @@ def _mx_gemm_swap_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def _dequant_rows_kernel(q_ptr, s_ptr, o_ptr, M, K, stride_qm, stride_sm, stride_om, BK: tl.constexpr):
-    """bf16 [M, K] = exact dequant of e4m3 codes + int32 scale words (prefill's activation
-    operand, dequantized once instead of once per weight tile)."""
+    """bf16 [M, K] = exact dequant of e4m3 codes + E8M0 scales (an operand dequantized once
+    up front instead of once per tile that reads it)."""
     row = tl.program_id(0).to(tl.int64)
     k0 = tl.program_id(1) * BK
-    rk = tl.arange(0, BK)
-    q_ptrs = q_ptr + row * stride_qm + rk[None, :]
-    s_ptrs = s_ptr.to(tl.pointer_type(tl.int32)) + row * stride_sm + tl.arange(0, BK // 128)[None, :]
-    v = _bf16_tile(q_ptrs, s_ptrs, k0, 1, BK, False)
-    tl.store(o_ptr + row * stride_om + k0 + rk[None, :], v)
+    q = tl.load(q_ptr + row * stride_qm + k0 + tl.arange(0, BK)[None, :])
+    s = tl.load(s_ptr + row * stride_sm + k0 // 32 + tl.arange(0, BK // 32)[None, :])
+    tl.store(o_ptr + row * stride_om + k0 + tl.arange(0, BK)[None, :], _dequant_bf16(q, s, 1, BK))
 
 
 # ---------------------------------------------------------------- heuristics
@@ -367,14 +354,16 @@ def chunk_k(k: int) -> int:
 
 
 def swap_config(m: int, n: int, k: int) -> dict:
-    """Tiles of the "swap" variant (weight rows on the wgmma M side). BN = weight rows,
-    BM = activation rows (a power of two >= 16: the wgmma N side)."""
-    bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    """Tiles of the "swap" variant (the default). BN = weight rows (wgmma M side), BM =
+    activation rows (wgmma N side, a power of two >= 16). Measured on the H200 (qkv shard,
+    docs/gemm_notes.md run 4): dequantizing the weight once per call and running a plain bf16
+    GEMM beats dequantizing it in every M tile as soon as there is more than one M tile."""
     if m <= SPLIT_MAX_M:
+        bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
         return dict(BN=64, BM=bm, BK=128, GROUP_N=1, num_warps=4, num_stages=4, SPLIT=True)
     if m < 512:
-        return dict(BN=128, BM=64, BK=128, GROUP_N=8, num_warps=4, num_stages=4, FLAT=True)
-    return dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True)
+        return dict(BN=128, BM=64, BK=128, GROUP_N=8, num_warps=4, num_stages=4, FLAT=True, X_BF16=True, W_BF16=True)
+    return dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True, W_BF16=True)
 
 
 def default_config(m: int, n: int, k: int, variant: str = DEFAULT_VARIANT) -> dict:
@@ -499,7 +488,7 @@ def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     if m:
         bk = _pow2_divisor(k, 1024)
         _dequant_rows_kernel[(m, k // bk)](
-            codes, scales, out, m, k, codes.stride(0), scales.stride(0) // 4, out.stride(0), BK=bk, num_warps=4
+            codes, scales, out, m, k, codes.stride(0), scales.stride(0), out.stride(0), BK=bk, num_warps=4
         )
     return out
 
