@@ -51,6 +51,7 @@ def _model_checks(rank, world, results):
     import torch.distributed as dist
     from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
     from mxfuse.passes.options import PassOptions
+    from torch._inductor import metrics
 
     cfg = ModelConfig.tiny()
     model = Model(cfg, sp_group=dist.group.WORLD)
@@ -61,6 +62,7 @@ def _model_checks(rank, world, results):
         torch._dynamo.reset()
         capture = _Capture(options)
         compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
+        metrics.reset()
         same = []
         with torch.no_grad():
             for i, n in enumerate(TOKENS):
@@ -75,6 +77,7 @@ def _model_checks(rank, world, results):
             "matched": dict(capture.report.matched) if capture.report else {},
             "failed": capture.report.failed if capture.report else None,
             "packed_ops": sum("mxfp8_packed" in t for t in capture.targets),
+            "kernels": metrics.generated_kernel_count,  # Inductor's own (cpp_fused_*) kernels
             "skipped": [s for s in capture.report.skipped if s[0] == "sp_gather"] if capture.report else [],
         }
 
@@ -152,6 +155,9 @@ def test_sp_model_bitwise_in_every_mode(reports):
             assert r["compiles"] == 1, (rank, mode, r)  # dynamic token count: one graph
             assert r["failed"] is None, (rank, mode, r)
             assert len(r["gathers"]) == 2 * n_layers, (rank, mode, r)
+        # the packed gather's codes/scales views reach the GEMM without copy kernels
+        assert results["mxfp8"]["kernels"] <= results["none"]["kernels"], (rank, results)
+        assert results["bf16"]["kernels"] <= results["none"]["kernels"], (rank, results)
         assert set(results["none"]["gathers"]) == {"torch.bfloat16"}
         assert set(results["bf16"]["gathers"]) == {"torch.bfloat16"}
         assert not any(k.startswith("mxfuse:") and "gather" in k for k in results["bf16"]["matched"])

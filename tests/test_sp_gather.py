@@ -207,6 +207,40 @@ def test_c10d_norm_gather_quant_modes(mode, residual):
     assert sum(t is torch.ops.aten.slice.Tensor for t in targets(gm)) == 2
 
 
+def test_gemm_records_the_strides_of_its_new_inputs():
+    """Inductor enforces the strides in a custom op's `eager_input_vals` on its inputs: after
+    the rewrite the GEMM must record the strided views it now reads, or Inductor copies them
+    into the quant outputs' dense layout (one copy kernel per view; seen on CPU and H200)."""
+    args = local_inputs(m=5)
+    gm = trace(sp_block(), *args)
+    (gemm,) = [n for n in gm.graph.nodes if n.target is mx.mxfp8_linear.default]
+    assert "eager_input_vals" in gemm.meta  # make_fx records them for exact-strides ops
+    run_pass(gm, sp_gather="mxfp8")
+    recorded, _ = gemm.meta["eager_input_vals"]
+    for arg, val in zip(gemm.args[:2], recorded[:2]):
+        assert arg.target in (torch.ops.aten.view.dtype, torch.ops.aten.slice.Tensor)
+        assert val.stride() == arg.meta["val"].stride() == (K + K // 32, 1)
+
+
+def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch):
+    args = local_inputs(m=5)
+    gm = trace(sp_block(), *args)
+    (gemm,) = [n for n in gm.graph.nodes if n.target is mx.mxfp8_linear.default]
+    before, code = gemm.meta["eager_input_vals"], gm.code
+    real_apply = sp_gather.apply
+
+    def apply_then_fail(graph, action, options=None):
+        real_apply(graph, action, options)  # rewires the GEMM first
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(sp_gather, "apply", apply_then_fail)
+    with pytest.warns(UserWarning, match="injected failure"):
+        report = post_grad.run(gm.graph, PassOptions(sp_gather="mxfp8"))
+    gm.recompile()
+    assert report.failed and gm.code == code
+    assert gemm.meta["eager_input_vals"] is before
+
+
 def test_swizzled_consumer_gets_swizzle_after_the_gather():
     args = local_inputs(m=5)
     gm = trace(sp_block(swizzled=True), *args)

@@ -158,39 +158,36 @@ def sweep_candidates(m):
         return "swap", dict(BN=bn, BM=bm, BK=bk, GROUP_N=g, num_warps=w, num_stages=s, **flags)
 
     bm = min(64, max(16, 1 << (m - 1).bit_length()))
+    both = dict(FLAT=True, X_BF16=True, W_BF16=True)  # both operands dequantized up front
     if m <= 64:
         return [
             sw(64, bm, 128, 4, 4, 1, SPLIT=True),
             sw(64, bm, 128, 4, 3, 1, SPLIT=True),
-            sw(64, bm, 128, 4, 6, 1, SPLIT=True),
-            sw(64, bm, 256, 4, 3, 1, SPLIT=True),
-            sw(128, bm, 128, 4, 4, 1, SPLIT=True),
-            sw(128, bm, 128, 8, 4, 1, SPLIT=True),
             sw(64, bm, 128, 4, 4, 1, SPLIT=True, X_BF16=True),
+            sw(64, bm, 128, 4, 3, 1, SPLIT=True, X_BF16=True),
+            sw(64, min(bm, 32), 128, 4, 4, 1, SPLIT=True, X_BF16=True),
+            sw(64, bm, 128, 4, 4, 1, SPLIT=True, X_BF16=True, W_BF16=True),
             sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=384),
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=1536),
             sw(64, bm, 256, 4, 4, 1, FLAT=True),  # no split: one program per weight tile
         ]
     if m < 512:
         return [
-            sw(128, 64, 128, 4, 4, FLAT=True),
-            sw(128, 64, 128, 4, 4),
-            sw(64, 64, 128, 4, 4, FLAT=True),
-            sw(64, 128, 128, 4, 4),
-            sw(128, 64, 128, 4, 4, X_BF16=True),
-            sw(128, 128, 128, 8, 3, X_BF16=True),
-            sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True, W_BF16=True),
+            sw(128, 64, 128, 4, 4, **both),
+            sw(64, 64, 128, 4, 4, **both),
+            sw(128, 32, 128, 4, 4, **both),
+            sw(64, 128, 128, 4, 4, **both),
+            sw(64, 64, 128, 4, 3, **both),
+            sw(128, 64, 128, 4, 4, X_BF16=True, W_BF16=True),
+            sw(128, 64, 128, 4, 4, 8, SPLIT=True, X_BF16=True, W_BF16=True),
         ]
     return [
-        sw(128, 128, 128, 8, 3, X_BF16=True),
-        sw(128, 128, 128, 8, 4, X_BF16=True),
-        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),
-        sw(128, 128, 128, 8, 3),
-        sw(128, 64, 128, 4, 4, X_BF16=True),
-        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(128, 128, 128, 8, 3, X_BF16=True, W_BF16=True),
-        sw(128, 64, 128, 4, 4, FLAT=True, X_BF16=True, W_BF16=True),
-        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True, W_BF16=True, CHUNK=6144),
+        sw(128, 128, 128, 8, 3, **both),
+        sw(128, 64, 128, 4, 4, **both),
+        sw(128, 64, 128, 4, 3, **both),
+        sw(64, 128, 128, 4, 4, **both),
+        sw(128, 128, 128, 8, 3, 4, **both),
+        sw(128, 128, 128, 4, 3, **both),
+        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),  # weight dequantized in every M tile
     ]
 
 

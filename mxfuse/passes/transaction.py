@@ -6,7 +6,8 @@ from torch import fx
 
 
 class GraphTransaction:
-    """Records a graph's nodes, their order and arguments; `rollback()` restores them.
+    """Records a graph's nodes, their order, arguments and `eager_input_vals`; `rollback()`
+    restores them.
 
     Rewrites inside a transaction may add nodes, rewire arguments and reorder nodes,
     but must not erase nodes that existed before (erase after `commit`).
@@ -17,11 +18,15 @@ class GraphTransaction:
         self.order = list(graph.nodes)
         self.known = set(self.order)
         self.args = {node: (node.args, node.kwargs) for node in self.order}
+        # rewires re-record their users' eager_input_vals (fx_utils.redirect_uses)
+        self.eager_vals = {node: node.meta["eager_input_vals"] for node in self.order if "eager_input_vals" in node.meta}
 
     def rollback(self):
         for node, (args, kwargs) in self.args.items():
             if node.args is not args or node.kwargs is not kwargs:
                 node.args, node.kwargs = args, kwargs
+        for node, vals in self.eager_vals.items():
+            node.meta["eager_input_vals"] = vals
         for node in reversed(list(self.graph.nodes)):
             if node not in self.known:
                 node.args, node.kwargs = (), {}

@@ -107,6 +107,27 @@ def call(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx
     return node
 
 
+def redirect_uses(old: fx.Node, new: fx.Node, keep=lambda user: False) -> None:
+    """Point every user of `old` (but those `keep` selects) at `new`, re-recording the
+    users' `eager_input_vals` (see `refresh_eager_input_vals`)."""
+    users = [u for u in old.users if not keep(u)]
+    old.replace_all_uses_with(new, delete_user_cb=lambda user: not keep(user))
+    for user in users:
+        refresh_eager_input_vals(user)
+
+
+def refresh_eager_input_vals(node: fx.Node) -> None:
+    """Inductor gives each input of an exact-strides op (every custom op by default) the
+    strides recorded in `meta["eager_input_vals"]` at trace time. A rewrite that hands
+    such an op new inputs (strided views of a packed buffer) must record them again, or
+    Inductor copies each new input back into the old layout: one kernel per input."""
+    if "eager_input_vals" not in node.meta:
+        return
+    node.meta["eager_input_vals"] = fx.node.map_aggregate(
+        (node.args, node.kwargs), lambda a: a.meta.get("val") if isinstance(a, fx.Node) else None
+    )
+
+
 def getitem(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
     out = graph.call_function(operator.getitem, (node, index))
     out.meta["val"] = node.meta["val"][index]

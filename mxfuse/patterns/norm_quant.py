@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from mxfuse.patterns.fx_utils import call, getitem, has_live_users
+from mxfuse.patterns.fx_utils import call, getitem, has_live_users, redirect_uses
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
 
@@ -118,7 +118,7 @@ def apply(graph: fx.Graph, fusion: Fusion, options=None) -> fx.Node | None:
         _replace(quant.scales, scales)
     if fusion.emit_y:
         replaced = {q.node for q in fusion.quants}
-        norm.y.replace_all_uses_with(out["y"], delete_user_cb=lambda user: user not in replaced)
+        redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
     return out["fused"]
 
 
@@ -151,13 +151,13 @@ def insert_fused_norm(
         fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
         out = {name: getitem(graph, fused, i) for i, name in enumerate(names) if name in wanted}
     if norm.residual_out is not None:
-        norm.residual_out.replace_all_uses_with(out["residual_out"])
+        redirect_uses(norm.residual_out, out["residual_out"])
     return {"fused": fused, **out}
 
 
 def _replace(old: fx.Node | None, new: fx.Node):
     if old is not None:
-        old.replace_all_uses_with(new)
+        redirect_uses(old, new)
 
 
 def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16, device="cpu"):

@@ -57,7 +57,7 @@ import torch
 from torch import fx
 
 from mxfuse.patterns.collectives import GatherMatch, match_all_gather
-from mxfuse.patterns.fx_utils import call, fake, getitem, is_call, static_int
+from mxfuse.patterns.fx_utils import call, fake, getitem, is_call, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.norm_quant import insert_fused_norm
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, match_quant, quant_reject_reason, quant_users
@@ -254,6 +254,7 @@ def _rewire_shape_reads(gather: GatherMatch, new: fx.Node):
     """Row-count reads of the old gather read the new one (same rows: W x local rows)."""
     for u in _shape_reads(gather):
         u.replace_input_with(u.args[0], new)
+        refresh_eager_input_vals(u)
 
 
 def _through_views(node: fx.Node) -> fx.Node:
@@ -346,7 +347,7 @@ def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, fuse: bool
             return call(graph, mx.mxfp8_quantize_packed.default, (x,))
     out = insert_fused_norm(graph, norm, packed=True, emit_y=keep_y)
     if keep_y:
-        norm.y.replace_all_uses_with(out["y"])
+        redirect_uses(norm.y, out["y"])
     return out["packed"]
 
 
@@ -394,9 +395,9 @@ def _apply_packed_gather(graph: fx.Graph, action: PackedGather, options) -> fx.N
         cache: dict = {}
         for q in action.quants:
             if q.codes is not None:
-                q.codes.replace_all_uses_with(codes)
+                redirect_uses(q.codes, codes)
             if q.scales is not None:
-                q.scales.replace_all_uses_with(_scales_for(graph, scales, q.swizzled, q.flat_swizzled_scales, cache))
+                redirect_uses(q.scales, _scales_for(graph, scales, q.swizzled, q.flat_swizzled_scales, cache))
     return gathered
 
 
@@ -432,8 +433,8 @@ def _apply_gathered_quant(graph: fx.Graph, action: GatheredQuant, options) -> fx
                 new_scales = call(graph, aten.view.default, (new_scales, shape))
         result = new_quant
     _rewire_shape_reads(action.codes_gather, new_codes)
-    action.codes_out.replace_all_uses_with(new_codes)
-    action.scales_out.replace_all_uses_with(new_scales)
+    redirect_uses(action.codes_out, new_codes)
+    redirect_uses(action.scales_out, new_scales)
     return result
 
 
