@@ -17,12 +17,14 @@ The default variant, ``"swap"`` (`_mx_gemm_swap_kernel`): weight rows on the wgm
 decode tile is 64 weight rows x 16 activation rows. Regimes (`swap_config`, by M alone):
 
 * decode, M <= 64 (weight-read bound): split over the K chunks, one program per (64 weight
-  rows, chunk), both operands dequantized on chip (each weight element once); fp32
-  workspace `[n_chunks, M, N]`, then `_chunk_sum_kernel` adds the chunks in ascending order.
+  rows, chunk); the weight dequantized on chip (each element once), the few activation rows
+  dequantized once up front; fp32 workspace `[n_chunks, M, N]`, then `_chunk_sum_kernel`
+  adds the chunks in ascending order.
 * M > 64 (tensor-core bound): both operands dequantized ONCE to bf16 by `_dequant_rows_kernel`
   (weight: an `[N, K]` bf16 scratch per call, 2 bytes a value), then a plain bf16 wgmma GEMM
-  over the same chunks (one K loop that folds the chunk into the total at chunk ends).
-  Dequantizing the weight inside every M tile cost 2.5x more than the GEMM itself.
+  over the same chunks (one K loop that folds the chunk into the total at chunk ends);
+  64 x 128 tiles below M = 2048 (more programs), 128 x 128 with 8 warps above. Dequantizing
+  the weight inside every M tile cost 2-2.5x the whole GEMM.
 
 Kept for comparison (benchmarks, tests), never chosen by default, in `_mx_gemm_kernel`:
 ``"bf16"`` (activation rows on the M side, both tiles dequantized on chip: the previous
@@ -360,10 +362,11 @@ def swap_config(m: int, n: int, k: int) -> dict:
     GEMM beats dequantizing it in every M tile as soon as there is more than one M tile."""
     if m <= SPLIT_MAX_M:
         bm = min(64, max(16, triton.next_power_of_2(max(m, 1))))
-        return dict(BN=64, BM=bm, BK=128, GROUP_N=1, num_warps=4, num_stages=4, SPLIT=True)
-    if m < 512:
-        return dict(BN=128, BM=64, BK=128, GROUP_N=8, num_warps=4, num_stages=4, FLAT=True, X_BF16=True, W_BF16=True)
-    return dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True, W_BF16=True)
+        return dict(BN=64, BM=bm, BK=128, GROUP_N=1, num_warps=4, num_stages=3, SPLIT=True, X_BF16=True)
+    both = dict(FLAT=True, X_BF16=True, W_BF16=True)
+    if m < 2048:
+        return dict(BN=64, BM=128, BK=128, GROUP_N=8, num_warps=4, num_stages=4, **both)
+    return dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, **both)
 
 
 def default_config(m: int, n: int, k: int, variant: str = DEFAULT_VARIANT) -> dict:
