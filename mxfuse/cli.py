@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import logging
 import os
 import re
 import statistics
@@ -39,6 +40,8 @@ import torch
 from mxfuse.models import CONFIG_NAMES, Model, ModelConfig, compile_model, example_inputs, local_rows
 from mxfuse.passes.options import SP_GATHER_MODES, PassOptions
 from mxfuse.passes.post_grad import MxfusePass, PassReport
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKENS = {"tiny": 128, "m3-flash-tp4": 1024}
 
@@ -253,6 +256,7 @@ class VariantResult:
     launches: collections.Counter | None = None
     report: dict | None = None
     output_desc: str = ""
+    timing: str = "wall clock"  # how step_ms was measured (see `step_time_ms`)
 
 
 @dataclass
@@ -264,6 +268,7 @@ class DemoResult:
     world: int = 1
     rank_checks: list[dict] = field(default_factory=list)  # SP: per rank, {variant: bitwise flags}
     sp_gather: str = "auto"
+    steps: int = 0
 
     @property
     def rows(self) -> int:
@@ -303,7 +308,48 @@ def time_steps(fn: Callable, x: torch.Tensor, steps: int, device: torch.device, 
     return statistics.median(times)
 
 
-def run_variants(model, x, device, steps, progress: Callable, pass_options: PassOptions | None = None):
+def cuda_graph_step_ms(fn: Callable, x: torch.Tensor, steps: int, device: torch.device, warmup: int = 2) -> float:
+    """Median GPU time in ms of one step captured in a CUDA graph, over `steps` replays.
+
+    A ~ms step timed by the wall clock measures the host (Python, launches) as much as the
+    GPU and swings by tens of percent between runs on a shared machine; a graph replay
+    times the kernels the step launches, which is what the passes change."""
+    with torch.inference_mode():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn(x)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(x)
+        graph.replay()
+        times = []
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times)
+
+
+def step_time_ms(fn: Callable, x: torch.Tensor, steps: int, device: torch.device, graphs: bool) -> tuple[float, str]:
+    """(ms per step, how it was measured): a CUDA-graph replay on CUDA when `graphs`, else
+    (CPU, collectives, or a step that cannot be captured) the synchronized wall clock."""
+    if graphs and device.type == "cuda":
+        try:
+            return cuda_graph_step_ms(fn, x, steps, device), "cuda graph"
+        except Exception as error:  # noqa: BLE001 - e.g. a host sync inside the step
+            torch.cuda.synchronize(device)
+            log.debug("CUDA-graph timing failed (%s); wall clock instead", error)
+    return time_steps(fn, x, steps, device), "wall clock"
+
+
+def run_variants(model, x, device, steps, progress: Callable, pass_options: PassOptions | None = None, graphs=True):
     """Run, check and time every demo variant; `progress(label)` is a context manager around each first call."""
     results: list[VariantResult] = []
     for name, fn, label, pass_obj in demo_variants(model, pass_options):
@@ -312,7 +358,8 @@ def run_variants(model, x, device, steps, progress: Callable, pass_options: Pass
         with progress(label or f"running {name}") as p, capture, torch.inference_mode():
             y = fn(x)
             _sync(device)
-        v = VariantResult(name, y, time_steps(fn, x, steps, device), p.elapsed)
+        step_ms, timing = step_time_ms(fn, x, steps, device, graphs)
+        v = VariantResult(name, y, step_ms, p.elapsed, timing=timing)
         v.output_desc = f"{'x'.join(str(d) for d in y.shape)} {str(y.dtype).removeprefix('torch.')}"
         if label:
             v.launches = count_launches(codes)
@@ -371,7 +418,7 @@ def run_demo(
     with Progress(f"building the model on {device}", out):
         model = Model(config, device=device).eval()
         x = example_inputs(config, tokens, device)
-    result = DemoResult(device, config, tokens, sp_gather=(pass_options or PassOptions()).sp_gather)
+    result = DemoResult(device, config, tokens, sp_gather=(pass_options or PassOptions()).sp_gather, steps=steps)
     result.variants = run_variants(model, x, device, steps, lambda label: Progress(label, out), pass_options)
     print_report(result, out)
     return result
@@ -397,6 +444,10 @@ def print_report(result: DemoResult, out: TextIO):
     if result.device.type == "cpu":
         print("  (on CPU the mxfuse ops run their plain-PyTorch reference code, not the Triton kernels:", file=out)
         print("   these times say nothing about the GPU)", file=out)
+    else:
+        timings = sorted({v.timing for v in variants})
+        how = {"cuda graph": "GPU time of one step replayed as a CUDA graph", "wall clock": "wall clock, synchronized"}
+        print(f"  (time per step: {'; '.join(how[t] for t in timings)}; median of {result.steps} steps)", file=out)
 
     compiled = [v for v in variants if v.launches is not None]
     if compiled:
@@ -524,8 +575,8 @@ def _sp_worker(rank, world, port, backend, config, tokens, steps, pass_options, 
         with _QueueProgress(queue, f"building the SP model on {world} ranks", rank == 0):
             model = Model(config, sp_group=dist.group.WORLD, device=device).eval()
             x = local_rows(example_inputs(config, tokens, device), rank, world)
-        variants = run_variants(
-            model, x, device, steps, lambda label: _QueueProgress(queue, label, rank == 0), pass_options
+        variants = run_variants(  # wall clock: NCCL collectives are not captured into graphs here
+            model, x, device, steps, lambda label: _QueueProgress(queue, label, rank == 0), pass_options, graphs=False
         )
         checks = {}
         for v in variants:
@@ -593,7 +644,7 @@ def run_demo_sp(
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    result = DemoResult(device, config, tokens, world=world, sp_gather=pass_options.sp_gather)
+    result = DemoResult(device, config, tokens, world=world, sp_gather=pass_options.sp_gather, steps=steps)
     result.variants = results[0][0]
     result.rank_checks = [results[r][1] for r in range(world)]
     print_report(result, out)
