@@ -77,6 +77,16 @@ def _dequant_bf16(q, s, ROWS: tl.constexpr, BK: tl.constexpr):
     return (v * f).reshape(ROWS, BK)
 
 
+@triton.jit
+def _grouped_tile(pid, num_outer, num_inner, GROUP: tl.constexpr):
+    """(outer, inner) tile of program `pid`, GROUP outer tiles at a time: the GROUP outer
+    tiles that run together share each inner tile in L2."""
+    num_in_group = GROUP * num_inner
+    first = (pid // num_in_group) * GROUP
+    group_size = tl.minimum(num_outer - first, GROUP)
+    return first + (pid % num_in_group) % group_size, (pid % num_in_group) // group_size
+
+
 # ---------------------------------------------------------------------- kernel
 
 
@@ -169,16 +179,7 @@ def _mx_gemm_kernel(
     `[n_chunks, M, N]` (chunk stride stride_cc) and _chunk_sum_kernel adds the chunks in
     ascending order from 0 and rounds: the same additions as the non-split loop below.
     """
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    # grouped ordering: GROUP_M row-tiles share each weight column-tile in L2
-    num_in_group = GROUP_M * num_pid_n
-    group = pid // num_in_group
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % num_in_group) % group_size
-    pid_n = (pid % num_in_group) // group_size
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
 
     rm = (pid_m * BM + tl.arange(0, BM)) % M  # wrapped rows: loads need no mask
     rn = (pid_n * BN + tl.arange(0, BN)) % N
@@ -271,15 +272,7 @@ def _mx_gemm_swap_kernel(
     The weight is the wgmma A operand (dequantized in registers, no shared-memory round
     trip); the activation rows are the N side, so a decode tile is 64 weight rows x 16
     activation rows instead of 64 wrapped activation rows (4x less wasted dequant and MMA)."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BN)
-    num_pid_m = tl.cdiv(M, BM)
-    num_in_group = GROUP_N * num_pid_m
-    group = pid // num_in_group
-    first_n = group * GROUP_N
-    group_size = tl.minimum(num_pid_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % num_in_group) % group_size
-    pid_m = (pid % num_in_group) // group_size
+    pid_n, pid_m = _grouped_tile(tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(M, BM), GROUP_N)
 
     rn64 = ((pid_n * BN + tl.arange(0, BN)) % N).to(tl.int64)  # wrapped rows: loads need no mask
     rm64 = ((pid_m * BM + tl.arange(0, BM)) % M).to(tl.int64)
@@ -400,6 +393,31 @@ def _word_aligned(scales: torch.Tensor) -> torch.Tensor:
     return scales.contiguous()
 
 
+class _SplitK:
+    """Where a GEMM launch writes: `out` in one pass, or (decode split) an fp32 workspace
+    `[n_chunks, M, N]` that `finish` adds up in ascending chunk order into `out`."""
+
+    def __init__(self, out: torch.Tensor, m: int, n: int, k: int, chunk: int, cfg: dict):
+        self.out, self.m, self.n = out, m, n
+        self.n_chunks = triton.cdiv(k, chunk)
+        self.split = bool(cfg.get("SPLIT", False)) and self.n_chunks > 1
+        tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+        if self.split:
+            self.dst = torch.empty((self.n_chunks, m, n), dtype=torch.float32, device=out.device)
+            self.grid, self.stride_cc = (tiles, self.n_chunks), m * n
+        else:
+            self.dst, self.grid, self.stride_cc = out, (tiles,), 0
+
+    def finish(self) -> torch.Tensor:
+        if self.split:
+            block = 1024
+            _chunk_sum_kernel[(triton.cdiv(self.m * self.n, block),)](
+                self.dst, self.out, self.m, self.n, self.out.stride(0), self.stride_cc,
+                N_CHUNKS=self.n_chunks, BLOCK=block, num_warps=4,
+            )  # fmt: skip
+        return self.out
+
+
 def mxfp8_linear(
     codes: torch.Tensor,
     scales: torch.Tensor,
@@ -443,45 +461,16 @@ def mxfp8_linear(
         return _launch_swap(codes, scales, weight_codes, weight_scales, out, cfg)
     chunk = chunk_k(k)
     assert chunk % cfg["BK"] == 0, (chunk, cfg["BK"])
-    n_chunks = triton.cdiv(k, chunk)
-    split = bool(cfg.get("SPLIT", False)) and n_chunks > 1
-    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
-    if split:
-        ws = torch.empty((n_chunks, m, n), dtype=torch.float32, device=codes.device)
-        grid, dst, stride_cc = (tiles, n_chunks), ws, m * n
-    else:
-        grid, dst, stride_cc = (tiles,), out, 0
-    _mx_gemm_kernel[grid](
-        codes,
-        scales,
-        weight_codes,
-        weight_scales,
-        dst,
-        m,
-        n,
-        k,
-        codes.stride(0),
-        scales.stride(0) // 4,
-        weight_codes.stride(0),
-        weight_scales.stride(0) // 4,
-        out.stride(0),
-        stride_cc,
-        BM=cfg["BM"],
-        BN=cfg["BN"],
-        BK=cfg["BK"],
-        CHUNK=chunk,
-        GROUP_M=cfg.get("GROUP_M", 8),
-        VARIANT=VARIANTS.index(variant),
-        SPLIT=split,
-        num_warps=cfg.get("num_warps", 4),
-        num_stages=cfg.get("num_stages", 3),
-    )
-    if split:
-        block = 1024
-        _chunk_sum_kernel[(triton.cdiv(m * n, block),)](
-            ws, out, m, n, out.stride(0), stride_cc, N_CHUNKS=n_chunks, BLOCK=block, num_warps=4
-        )
-    return out
+    dst = _SplitK(out, m, n, k, chunk, cfg)
+    _mx_gemm_kernel[dst.grid](
+        codes, scales, weight_codes, weight_scales, dst.dst, m, n, k,
+        codes.stride(0), scales.stride(0) // 4, weight_codes.stride(0), weight_scales.stride(0) // 4,
+        out.stride(0), dst.stride_cc,
+        BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], CHUNK=chunk, GROUP_M=cfg.get("GROUP_M", 8),
+        VARIANT=VARIANTS.index(variant), SPLIT=dst.split,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    return dst.finish()
 
 
 def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -507,24 +496,12 @@ def _launch_swap(codes, scales, weight_codes, weight_scales, out, cfg):
     x_bf16, w_bf16 = bool(cfg.get("X_BF16", False)), bool(cfg.get("W_BF16", False))
     x = dequantize_rows(codes, scales) if x_bf16 else codes
     w = dequantize_rows(weight_codes, weight_scales) if w_bf16 else weight_codes
-    n_chunks = triton.cdiv(k, chunk)
-    split = bool(cfg.get("SPLIT", False)) and n_chunks > 1
-    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
-    if split:
-        ws = torch.empty((n_chunks, m, n), dtype=torch.float32, device=codes.device)
-        grid, dst, stride_cc = (tiles, n_chunks), ws, m * n
-    else:
-        grid, dst, stride_cc = (tiles,), out, 0
-    _mx_gemm_swap_kernel[grid](
-        w, weight_scales, x, scales, dst, m, n, k,
-        w.stride(0), weight_scales.stride(0) // 4, x.stride(0), scales.stride(0) // 4, out.stride(0), stride_cc,
+    dst = _SplitK(out, m, n, k, chunk, cfg)
+    _mx_gemm_swap_kernel[dst.grid](
+        w, weight_scales, x, scales, dst.dst, m, n, k,
+        w.stride(0), weight_scales.stride(0) // 4, x.stride(0), scales.stride(0) // 4, out.stride(0), dst.stride_cc,
         BN=cfg["BN"], BM=cfg["BM"], BK=cfg["BK"], CHUNK=chunk, GROUP_N=cfg.get("GROUP_N", 8),
-        W_BF16=w_bf16, X_BF16=x_bf16, SPLIT=split, FLAT=bool(cfg.get("FLAT", False)),
+        W_BF16=w_bf16, X_BF16=x_bf16, SPLIT=dst.split, FLAT=bool(cfg.get("FLAT", False)),
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
-    if split:
-        block = 1024
-        _chunk_sum_kernel[(triton.cdiv(m * n, block),)](
-            ws, out, m, n, out.stride(0), stride_cc, N_CHUNKS=n_chunks, BLOCK=block, num_warps=4
-        )
-    return out
+    return dst.finish()
