@@ -291,14 +291,7 @@ def _check_scales_2d(op: str, scales: Tensor):
         _fail(op, f"scales {_describe(scales)} must be 2-D uint8 row-major E8M0 scales [M, K/32]")
 
 
-# The GEMM and the swizzle read strided views of the SP rewrite's packed gather buffer
-# (codes = buf[:, :K].view(fp8), scales = buf[:, K:]). Exact strides: Inductor hands them
-# the views as they are; torch 2.11's default constraint copied each into a dense buffer
-# (two extra kernels per gather point on the H200).
-_VIEW_INPUTS = (torch.Tag.needs_exact_strides,)
-
-
-@torch.library.custom_op("mxfuse::mxfp8_swizzle_scales", mutates_args=(), tags=_VIEW_INPUTS)
+@torch.library.custom_op("mxfuse::mxfp8_swizzle_scales", mutates_args=())
 def mxfp8_swizzle_scales(scales: Tensor) -> Tensor:
     """Row-major `[M, K/32]` E8M0 scales -> F8_128x4 `[pad128(M), pad4(K/32)]` (zero padded)."""
     _check_scales_2d("mxfp8_swizzle_scales", scales)
@@ -341,7 +334,7 @@ def _check_linear(codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_sc
     return k
 
 
-@torch.library.custom_op("mxfuse::mxfp8_linear", mutates_args=(), tags=_VIEW_INPUTS)
+@torch.library.custom_op("mxfuse::mxfp8_linear", mutates_args=())
 def mxfp8_linear(
     codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
 ) -> Tensor:
