@@ -1,4 +1,5 @@
-"""Rewrite 2 (`sp_gather`) on GPUs with NCCL: 2 processes, one GPU each (skipped without 2 GPUs).
+"""Rewrite 2 (`sp_gather`) on GPUs with NCCL: 2, 4 and 8 processes, one GPU each (each world
+size skipped without that many GPUs).
 
 The SP reference model compiled without the pass, with `sp_gather="bf16"` and with
 `sp_gather="mxfp8"` must give bitwise the eager SP model's output on every rank (the
@@ -19,7 +20,11 @@ pytestmark = [
 ]
 
 FP8 = torch.float8_e4m3fn
-TOKENS = (64, 96, 34)  # M_local > 1: a size-1 dim would be specialized (recompile)
+LOCAL_ROWS = (32, 48, 17)  # per rank, > 1: a size-1 dim would be specialized (recompile)
+
+
+def tokens(world: int) -> tuple[int, ...]:
+    return tuple(world * m for m in LOCAL_ROWS)
 
 
 def _bits(t):
@@ -55,16 +60,16 @@ def _rank_body(rank, world, port):
     dev = torch.device("cuda", rank)
     cfg = ModelConfig.tiny()
     model = Model(cfg, sp_group=dist.group.WORLD, device=dev)
-    ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world).to(dev) for n in TOKENS}
+    ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world).to(dev) for n in tokens(world)}
     results = {}
     with torch.no_grad():
-        eager = {n: model(ids[n]) for n in TOKENS}
+        eager = {n: model(ids[n]) for n in tokens(world)}
         for name, opts in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
             torch._dynamo.reset()
             cap = Capture(opts)
             compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
             same = []
-            for i, n in enumerate(TOKENS):
+            for i, n in enumerate(tokens(world)):
                 x = ids[n].clone()
                 if i == 0:
                     torch._dynamo.mark_dynamic(x, 0)
@@ -74,10 +79,13 @@ def _rank_body(rank, world, port):
     return results
 
 
-def test_sp_model_bitwise_nccl():
-    for rank, results in run_ranks(_rank_body, 2, timeout=400).items():
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_sp_model_bitwise_nccl(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    for rank, results in run_ranks(_rank_body, world, timeout=400).items():
         for mode in ("none", "bf16", "mxfp8"):
-            assert results[mode]["same"] == [True] * len(TOKENS), (rank, mode, results[mode])
+            assert results[mode]["same"] == [True] * len(LOCAL_ROWS), (rank, mode, results[mode])
             assert results[mode]["compiles"] == 1, (rank, mode, results[mode])
         assert set(results["bf16"]["gathers"]) == {"torch.bfloat16"}, results
         assert set(results["mxfp8"]["gathers"]) == {"torch.uint8"}, results

@@ -12,7 +12,8 @@ python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tail -30 | tee "$O
 python3 -m mxfuse demo --device cuda --config m3-flash-tp4 --tokens 1024 --steps 10 2>&1 | tee "$OUT/demo_m3_1024.log"
 python3 -m mxfuse demo --device cuda --config m3-flash-tp4 --tokens 16 --steps 10 2>&1 | tee "$OUT/demo_m3_16.log"
 python3 tools/bench_gemm.py --out "$OUT" 2>&1 | tail -45 | tee "$OUT/bench_gemm.log"
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  python3 tools/bench_sp.py --out "$OUT" 2>&1 | tee "$OUT/bench_sp.log"
-  python3 -m mxfuse demo --sp 2 --device cuda --tokens 256 --steps 5 2>&1 | tee "$OUT/demo_sp2.log"
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -ge 2 ]; then
+  python3 tools/bench_sp.py --world "$GPUS" --out "$OUT" 2>&1 | tee "$OUT/bench_sp.log"
+  python3 -m mxfuse demo --sp "$GPUS" --device cuda --tokens 256 --steps 5 2>&1 | tee "$OUT/demo_sp$GPUS.log"
 fi
