@@ -151,15 +151,19 @@ def c10d_gather(t, dim_group=(W, GROUP)):
     return c10d.wait_tensor(c10d.all_gather_into_tensor(t, *dim_group))
 
 
+def gemma_norm(x, r, w, residual):
+    """(y, residual out): the fused-add norm, or the plain norm passing `r` through."""
+    if residual:
+        return mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
+    return mx.gemma_rmsnorm(x, w, 1e-6), r
+
+
 def sp_block(swizzled=False, residual=True, extra_gathered_user=False, extra_local_user=False):
     """norm -> c10d all-gather (bf16) -> quant -> GEMM: the correct bf16 form."""
     wc, ws = weights()
 
     def fn(x, r, w):
-        if residual:
-            y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
-        else:
-            y, res = mx.gemma_rmsnorm(x, w, 1e-6), r
+        y, res = gemma_norm(x, r, w, residual)
         g = c10d_gather(y)
         q, s = mx.mxfp8_quantize(g, swizzled)
         out = linear_swizzled(q, s, wc, ws) if swizzled else mx.mxfp8_linear(q, s, wc, ws, torch.bfloat16)
@@ -365,10 +369,7 @@ def broken_block(swizzled=True, as_uint8=True, residual=True):
     wc, ws = weights()
 
     def fn(x, r, w):
-        if residual:
-            y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
-        else:
-            y, res = mx.gemma_rmsnorm(x, w, 1e-6), r
+        y, res = gemma_norm(x, r, w, residual)
         q, s = mx.mxfp8_quantize(y, swizzled)
         if as_uint8:
             q = c10d_gather(q.view(torch.uint8)).view(FP8)
