@@ -7,6 +7,9 @@ the L2 is flushed by writing a buffer larger than it (outside the timed region),
 first call of a replay does not find its inputs in L2 either; give enough input sets that
 `calls` consecutive calls do not fit in L2 together (`n_input_sets`).
 
+`before_replay` runs before the warm replay and each timed one, outside the timed region:
+the SP benchmark passes a barrier there so that every rank's replay starts together.
+
 `copy_bandwidth_tbs()` is a large device-to-device copy (bytes read + written) timed the
 same way: the ceiling for memory-bound kernels, measured in the same run.
 """
@@ -45,8 +48,11 @@ def _call(fn, inp):
     return fn(inp)
 
 
-def time_cuda_graph(fn, inputs_list, calls: int = CALLS, replays: int = REPLAYS, flush: bool = True) -> float:
+def time_cuda_graph(
+    fn, inputs_list, calls: int = CALLS, replays: int = REPLAYS, flush: bool = True, before_replay=None
+) -> float:
     """Median µs per call of a CUDA graph of `calls` calls of `fn` cycling through `inputs_list`."""
+    before_replay = before_replay or (lambda: None)
     inputs_list = list(inputs_list) or [()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -59,12 +65,15 @@ def time_cuda_graph(fn, inputs_list, calls: int = CALLS, replays: int = REPLAYS,
     with torch.cuda.graph(graph):
         for j in range(calls):
             _call(fn, inputs_list[j % len(inputs_list)])
+    torch.cuda.synchronize()
+    before_replay()
     graph.replay()  # warm replay
     torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         if flush:
             flush_l2()
+        before_replay()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         graph.replay()

@@ -23,64 +23,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
-import statistics
 import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import n_input_sets, time_cuda_graph  # noqa: E402
+
 MS = [1, 16, 128, 512, 2048, 8192]
-CALLS = 64
-REPLAYS = 7
-L2_BYTES = 60 * 2**20
 VARIANTS = ["bf16", "bf16_swz", "mxfp8", "mxfp8_swz", "gather_bf16", "gather_packed"]
 
 
-def _n_sets(bytes_per_set: int) -> int:
-    try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from _timing import n_input_sets  # noqa: PLC0415
-
-        return n_input_sets(bytes_per_set)
-    except Exception:  # noqa: BLE001
-        return int(min(CALLS, max(2, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1)))))
-
-
-def time_collective_graph(fns, calls=CALLS, replays=REPLAYS) -> float:
-    """Median µs per call of a CUDA graph of `calls` calls cycling `fns`, replays aligned across ranks."""
+def time_collective_graph(fns) -> float:
+    """Median µs per call of a CUDA graph cycling the thunks `fns`, every replay started on all ranks at once."""
     import torch.distributed as dist
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for j in range(calls):
-            fns[j % len(fns)]()
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
+    def align_ranks():
         dist.barrier()
         torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
+
+    return time_cuda_graph(lambda f: f(), fns, flush=False, before_replay=align_ranks)
 
 
 def _variants(k, world, group):
@@ -133,7 +98,7 @@ def _worker(rank, world, port, args, queue):
         rows = []
         for m in args.ms:
             set_bytes = 2 * m * k * 2
-            n = min(_n_sets(set_bytes), 16)
+            n = min(n_input_sets(set_bytes), 16)
             g = torch.Generator().manual_seed(1000 * rank + m)
             sets = []
             for _ in range(n):
