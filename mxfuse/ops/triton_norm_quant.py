@@ -51,6 +51,9 @@ docs/perf_notes.md):
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
   grid covers pad128(M) rows and pad4(K/32) columns (CH >= 128 makes the chunks cover
   them), so the zero padding is written by the same launch (no memset).
+- standalone swizzle (after the SP gather): `[128, 16]` blocks on a 2-D grid. One program
+  per 128 rows moved all K/32 columns (24 KB of byte stores at K = 6144) alone at decode
+  sizes: ~8 µs of the packed+swizzle SP variant (docs/sp_notes.md).
 
 Importing this module compiles nothing and makes no CUDA call; kernels compile on first
 launch. The kernels' int arguments that vary with M are excluded from Triton's value
@@ -65,6 +68,7 @@ import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
 BLOCK = 32
+SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
 __all__ = ["fused_norm_quant", "gemma_norm", "quantize", "swizzle_scales"]
 
@@ -326,9 +330,10 @@ def _quant_kernel(
 
 @triton.jit(do_not_specialize=["M", "M_grid"])
 def _swizzle_kernel(src_ptr, dst_ptr, M, M_grid, stride_src, S, SP, BR: tl.constexpr, BS: tl.constexpr):
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BR + tl.arange(0, BR)
-    cols = tl.arange(0, BS)
+    """One `[BR, BS]` block per program: a grid over row tiles AND scale columns, so the few
+    rows of a decode-sized gather still spread over many programs."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BS + tl.arange(0, BS)
     mask = (rows < M)[:, None] & (cols < S)[None, :]
     v = tl.load(src_ptr + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0)
     _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, 1, S)
@@ -529,7 +534,7 @@ def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
     out = torch.empty((mp, sp), dtype=torch.uint8, device=scales.device)
     if mp == 0 or sp == 0:
         return out
-    br = 128
-    bs = max(4, _pow2(sp))
-    _swizzle_kernel[(mp // br,)](scales, out, m, mp, scales.stride(0), s, sp, BR=br, BS=bs, num_warps=4)
+    br, bs = 128, SWIZZLE_BLOCK_COLS
+    grid = (mp // br, triton.cdiv(sp, bs))
+    _swizzle_kernel[grid](scales, out, m, mp, scales.stride(0), s, sp, BR=br, BS=bs, num_warps=4)
     return out
