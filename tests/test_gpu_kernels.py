@@ -338,7 +338,7 @@ def test_quant_matches_cpu_reference(m, k, dtype):
 
 
 @gpu_test
-@pytest.mark.parametrize("m,s", [(1, 1), (37, 2), (128, 3), (300, 5), (129, 192), (4096, 96)])
+@pytest.mark.parametrize("m,s", [(1, 1), (2, 192), (37, 2), (128, 3), (300, 5), (129, 192), (130, 201), (4096, 96)])
 def test_swizzle_matches_cpu_reference(m, s):
     sc = torch.randint(0, 255, (m, s), dtype=torch.uint8, device=DEVICE)
     out = ops.mxfp8_swizzle_scales(sc)
