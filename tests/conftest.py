@@ -14,3 +14,14 @@ def _compile_afresh():
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
         yield
+
+
+@pytest.fixture(scope="session")
+def vllm_ops():
+    """`torch.ops.vllm` with the ops the vLLM graph tests trace (skips without vLLM)."""
+    pytest.importorskip("vllm")
+    import vllm.distributed.parallel_state  # noqa: F401  (vllm.all_gather)
+    import vllm.ir.ops  # noqa: F401  (vllm_ir.rms_norm / fused_add_rms_norm)
+    import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
+
+    return torch.ops.vllm

@@ -225,15 +225,6 @@ def test_hf_norm_with_non_multiple_of_32_hidden_and_no_quant_is_left_alone():
 # ------------------------------------------------------------ vLLM and FlashInfer
 
 
-@pytest.fixture(scope="module")
-def vllm_ops():
-    pytest.importorskip("vllm")
-    import vllm.ir.ops  # noqa: F401  (vllm_ir.rms_norm / fused_add_rms_norm)
-    import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
-
-    return torch.ops.vllm
-
-
 @pytest.mark.vllm
 @pytest.mark.parametrize("swizzled", [False, True])
 def test_vllm_quant_after_mxfuse_norm_fuses(vllm_ops, swizzled):

@@ -495,15 +495,6 @@ def test_packed_views_feed_the_gemm_without_copies():
 # ------------------------------------------------------------------ vLLM all_gather form
 
 
-@pytest.fixture
-def vllm_ops():
-    pytest.importorskip("vllm")
-    import vllm.distributed.parallel_state  # noqa: F401  (registers torch.ops.vllm.all_gather)
-    import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
-
-    return torch.ops.vllm
-
-
 @pytest.mark.vllm
 @pytest.mark.parametrize("swizzled", [False, True])
 def test_vllm_all_gather_form(vllm_ops, swizzled):
