@@ -4,6 +4,9 @@
 
 or, in vLLM, `--compilation-config '{"inductor_passes":
 {"post_grad_custom_post_pass": "mxfuse.vllm_pass"}}'` (options: env MXFUSE_OPTIONS).
+
+`mxfuse.vllm_pass` exists once vLLM has loaded its pass module (it subclasses vLLM's
+InductorPass), so it is not in `__all__`: `from mxfuse import *` works without vLLM.
 """
 
 from __future__ import annotations
@@ -11,22 +14,42 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+from typing import Literal
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 from mxfuse.passes import MxfusePass, PassOptions
 
 __version__ = "0.1.0"
-__all__ = ["MxfusePass", "PassOptions", "post_grad_pass", "vllm_pass"]
+__all__ = ["MxfusePass", "PassOptions", "post_grad_pass"]
 
 _VLLM_PASS_MODULE = "vllm.compilation.passes.inductor_pass"
 
 
-def post_grad_pass(**options) -> MxfusePass:
+class _Unset:
+    """Marks an option the caller did not pass (the environment or the default decides)."""
+
+    def __repr__(self) -> str:
+        return "<from the environment or default>"
+
+
+_UNSET = _Unset()
+
+
+def post_grad_pass(
+    *,
+    fuse_norm_quant: bool | _Unset = _UNSET,
+    sp_gather: Literal["auto", "bf16", "mxfp8"] | _Unset = _UNSET,
+    dump_dir: str | None | _Unset = _UNSET,
+    strict: bool | _Unset = _UNSET,
+) -> MxfusePass:
     """A `CustomGraphPass` for `torch.compile(options={"post_grad_custom_post_pass": ...})`.
 
-    Options: fuse_norm_quant=True, sp_gather="auto" | "bf16" | "mxfp8", dump_dir=None.
+    The options are those of :class:`PassOptions`; one not passed comes from the
+    environment (`MXFUSE_OPTIONS`, `MXFUSE_DUMP_DIR`, `MXFUSE_STRICT`) else its default,
+    by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way).
     """
-    return MxfusePass(PassOptions.from_kwargs(**options))
+    given = {"fuse_norm_quant": fuse_norm_quant, "sp_gather": sp_gather, "dump_dir": dump_dir, "strict": strict}
+    return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
 
 
 def _bind_vllm_pass():

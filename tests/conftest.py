@@ -1,10 +1,18 @@
 """Every test compiles afresh: a graph served from Inductor's on-disk FX graph cache (kept
 between runs on one machine) skips the post-grad passes, and with them the reports the
-tests read. The cache key itself is tested through `uuid()` (tests/test_integration.py)."""
+tests read. The cache key itself is tested through `uuid()` (tests/test_integration.py).
+
+The suite runs the pass strict (MXFUSE_STRICT=1, inherited by the subprocesses the tests
+start): an exception inside the pass fails the test instead of hiding behind the
+rollback. Tests of the rollback pass `strict=False` explicitly."""
+
+import os
 
 import pytest
 import torch
 import torch._functorch.config
+
+os.environ.setdefault("MXFUSE_STRICT", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -53,9 +53,12 @@ class CapturingPass(CustomGraphPass):
 
 
 def compile_with_pass(fn, *, dynamic=False, passes=True, **options):
-    """`(compiled_fn, capture)`; `passes=False` compiles without the mxfuse rewrites."""
+    """`(compiled_fn, capture)`; `passes=False` compiles without the mxfuse rewrites.
+
+    Options as `mxfuse.post_grad_pass()` takes them (the environment fills the rest:
+    the test suite sets MXFUSE_STRICT=1 in conftest)."""
     torch._dynamo.reset()
-    capture = CapturingPass(PassOptions(**options) if passes else None)
+    capture = CapturingPass(PassOptions.from_env(**options) if passes else None)
     compiled = torch.compile(fn, dynamic=dynamic, options={"post_grad_custom_post_pass": capture})
     return compiled, capture
 

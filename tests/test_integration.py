@@ -73,7 +73,7 @@ def test_torch_compile_options_entry_point_fuses():
     x, w = torch.randn(7, 64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
     with torch.no_grad():
         assert_bitwise(compiled(x, w), fn(x, w))
-    assert dict(pass_.last_report.matched) == {"mxfuse:plain->mxfuse_quant:rowmajor": 1}
+    assert pass_.last_report.matched_strings() == {"mxfuse:plain->mxfuse_quant:rowmajor": 1}
 
 
 def test_import_mxfuse_does_not_import_vllm():
@@ -138,4 +138,32 @@ def test_bad_options_from_the_environment_raise_clearly(monkeypatch):
         PassOptions.from_env()
     monkeypatch.setenv("MXFUSE_OPTIONS", '{"sp_gathr": "bf16"}')
     with pytest.raises(TypeError, match="unknown mxfuse option"):
+        PassOptions.from_env()
+
+
+def test_star_import_works_without_vllm():
+    assert python("from mxfuse import *; print(sorted(n for n in dir() if not n.startswith('_')))") == str(
+        sorted(mxfuse.__all__)
+    )
+
+
+def test_options_are_data_and_the_environment_is_read_by_one_rule(monkeypatch):
+    from mxfuse.passes.options import PassOptions
+
+    monkeypatch.setenv("MXFUSE_DUMP_DIR", "/tmp/from_env")
+    monkeypatch.setenv("MXFUSE_STRICT", "1")
+    monkeypatch.setenv("MXFUSE_OPTIONS", json.dumps({"sp_gather": "bf16"}))
+    assert PassOptions() == PassOptions(fuse_norm_quant=True, sp_gather="auto", dump_dir=None, strict=False)
+    from_env = PassOptions.from_env()
+    assert (from_env.dump_dir, from_env.strict, from_env.sp_gather) == ("/tmp/from_env", True, "bf16")
+    # keyword arguments win, and None is a value (turns the environment's dump off)
+    assert PassOptions.from_env(dump_dir=None, sp_gather="mxfp8").dump_dir is None
+    assert mxfuse.post_grad_pass(dump_dir=None, strict=False).options == PassOptions(sp_gather="bf16")
+    monkeypatch.setenv("MXFUSE_OPTIONS", json.dumps({"dump_dir": "/tmp/from_json"}))
+    assert PassOptions.from_env().dump_dir == "/tmp/from_json"  # MXFUSE_OPTIONS over MXFUSE_DUMP_DIR
+    # the cache key follows the fields that change the graph, not dump_dir or strict
+    assert PassOptions(dump_dir="/x", strict=True).cache_key() == PassOptions().cache_key()
+    assert PassOptions(sp_gather="bf16").cache_key() != PassOptions().cache_key()
+    monkeypatch.setenv("MXFUSE_STRICT", "yes")
+    with pytest.raises(ValueError, match="MXFUSE_STRICT"):
         PassOptions.from_env()

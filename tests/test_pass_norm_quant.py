@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from graph_helpers import (
@@ -18,9 +16,10 @@ from graph_helpers import (
 
 import mxfuse  # noqa: F401
 from mxfuse.ops import reference
-from mxfuse.patterns import norm_quant
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
+from mxfuse.patterns import norm_quant
+from mxfuse.patterns.results import SkipCode
 
 mx = torch.ops.mxfuse
 K = 64
@@ -53,7 +52,7 @@ def test_fused_add_norm_then_quant_fuses(swizzled):
 
     capture = check(fn, inputs(m=37), {FUSED_ADD: 1, NORM_ADD: 0, QUANT: 0})
     layout = "swizzled" if swizzled else "rowmajor"
-    assert capture.report.matched == {f"mxfuse:fused_add->mxfuse_quant:{layout}": 1}
+    assert capture.report.matched_strings() == {f"mxfuse:fused_add->mxfuse_quant:{layout}": 1}
     assert f"swizzled = {swizzled}" in capture.graph_text
 
 
@@ -160,7 +159,7 @@ def test_norm_without_quant_is_left_alone_with_a_reason():
     x, _, w = inputs()
     capture = check(fn, (x, w), {NORM_PLAIN: 1})
     assert capture.after == capture.before
-    assert [s[3] for s in capture.report.skipped] == ["no MXFP8 quant reads its output"]
+    assert [s.reason for s in capture.report.skipped] == ["no MXFP8 quant reads its output"]
 
 
 def test_fp32_activations_are_left_alone():
@@ -201,7 +200,7 @@ def test_hf_decomposed_norm_with_residual_add_fuses_with_rounded_sum():
 
     capture = check(fn, inputs(m=33), {FUSED_ADD: 1, QUANT: 0, "aten.rsqrt.default": 0})
     assert "round_sum = True" in capture.graph_text
-    assert capture.report.matched == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
+    assert capture.report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
 
 
 def test_hf_decomposed_plain_norm_fuses():
@@ -219,7 +218,7 @@ def test_hf_norm_with_non_multiple_of_32_hidden_and_no_quant_is_left_alone():
     x, _, w = inputs(k=48)
     capture = check(fn, (x, w), {})
     assert capture.after == capture.before
-    assert "not a multiple of 32" in capture.report.skipped[0][3]
+    assert "not a multiple of 32" in capture.report.skipped[0].reason
 
 
 # ------------------------------------------------------------ vLLM and FlashInfer
@@ -234,7 +233,9 @@ def test_vllm_quant_after_mxfuse_norm_fuses(vllm_ops, swizzled):
         return codes, scales, res
 
     capture = check(fn, inputs(m=37), {FUSED_ADD: 1, "vllm::mxfp8_quantize": 0})
-    assert capture.report.matched == {f"mxfuse:fused_add->vllm_quant:{'swizzled' if swizzled else 'rowmajor'}": 1}
+    assert capture.report.matched_strings() == {
+        f"mxfuse:fused_add->vllm_quant:{'swizzled' if swizzled else 'rowmajor'}": 1
+    }
 
 
 @pytest.mark.vllm
@@ -326,7 +327,7 @@ def test_flashinfer_inplace_norms_fuse(flashinfer_ops, functionalized_v2):
 
     with torch._inductor.config.patch(enable_auto_functionalized_v2=functionalized_v2):
         capture = check(fn, inputs(m=9), {FUSED_ADD: 1, FUSED_PLAIN: 1, QUANT: 0})
-    assert set(capture.report.matched) == {
+    assert set(capture.report.matched_strings()) == {
         "flashinfer:fused_add->mxfuse_quant:rowmajor",
         "flashinfer:plain->mxfuse_quant:swizzled",
     }
@@ -336,44 +337,77 @@ def test_flashinfer_inplace_norms_fuse(flashinfer_ops, functionalized_v2):
 # ------------------------------------------------------------- pass machinery
 
 
-def test_a_failing_rewrite_leaves_the_graph_exactly_as_it_was(monkeypatch):
+def test_a_failing_site_is_rolled_back_and_the_others_still_fuse(monkeypatch, caplog):
+    def fn(x, residual, weight):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
+        z = mx.gemma_rmsnorm(res, weight, 1e-5)
+        return (*mx.mxfp8_quantize(y), *mx.mxfp8_quantize(z), res)
+
+    real_apply = norm_quant.NormQuant.apply
+
+    def fail_on_fused_add(self, graph, fusion, options):
+        out = real_apply(self, graph, fusion, options)  # mutate first, so the rollback has work to do
+        if fusion.norm.has_residual:
+            raise RuntimeError("injected failure")
+        return out
+
+    monkeypatch.setattr(norm_quant.NormQuant, "apply", fail_on_fused_add)
+    with caplog.at_level("WARNING", logger="mxfuse"):
+        capture = check(fn, inputs(), {NORM_ADD: 1, FUSED_PLAIN: 1, NORM_PLAIN: 0, QUANT: 1}, strict=False)
+    assert capture.report.matched_strings() == {"mxfuse:plain->mxfuse_quant:rowmajor": 1}
+    (failed,) = capture.report.skipped
+    assert failed.code is SkipCode.REWRITE_FAILED and "injected failure" in failed.reason
+    assert failed.norm_kind == "mxfuse:fused_add" and not capture.report.failed
+    assert "norm_quant (mxfuse:fused_add->mxfuse_quant:rowmajor)" in caplog.text and "injected failure" in caplog.text
+
+
+def test_a_failure_outside_a_site_leaves_the_graph_exactly_as_it_was(monkeypatch, caplog):
     def fn(x, residual, weight):
         y, res = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
         return (*mx.mxfp8_quantize(y), res)
 
-    real_apply = norm_quant.apply
-
-    def apply_then_fail(graph, fusion, options=None):
-        real_apply(graph, fusion, options)  # mutate first, so the rollback has work to do
+    def sort_then_fail(graph):  # runs after the rewrites: the rollback has work to do
         raise RuntimeError("injected failure")
 
     graphs = {}
 
     def run_and_record(graph, options):
         graphs["before"] = str(graph)
-        monkeypatch.setattr(norm_quant, "apply", apply_then_fail)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING", logger="mxfuse"):
+            patch.setattr(torch._inductor.pattern_matcher, "stable_topological_sort", sort_then_fail)
             report = real_run(graph, options)
-        graphs["after"], graphs["warnings"], graphs["report"] = str(graph), caught, report
+        graphs["after"], graphs["report"] = str(graph), report
         graph.lint()
         return report
 
     real_run = post_grad.run
     monkeypatch.setattr(post_grad, "run", run_and_record)
-    compiled, capture = compile_with_pass(fn)
+    compiled, capture = compile_with_pass(fn, strict=False)
     with torch.no_grad():
         args = inputs()
         assert_bitwise(compiled(*args), fn(*args))
     assert graphs["after"] == graphs["before"]
-    message = str(graphs["warnings"][0].message)
-    assert "norm_quant (mxfuse:fused_add->mxfuse_quant:rowmajor)" in message and "injected failure" in message
+    assert "topological sort" in caplog.text and "injected failure" in caplog.text
     assert graphs["report"].failed and not graphs["report"].matched
     assert capture.after[NORM_ADD] == 1 and capture.after[QUANT] == 1
 
 
+def test_strict_mode_raises_instead_of_rolling_back(monkeypatch):
+    def fn(x, weight):
+        return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6))
+
+    def fail(self, graph, fusion, options):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(norm_quant.NormQuant, "apply", fail)
+    x, _, w = inputs()
+    compiled, _ = compile_with_pass(fn, strict=True)
+    with pytest.raises(Exception, match="injected failure"):
+        compiled(x, w)
+
+
 def test_options_are_validated():
-    with pytest.raises(TypeError, match="unknown mxfuse option"):
+    with pytest.raises(TypeError, match="fuse_norm_qaunt"):
         mxfuse.post_grad_pass(fuse_norm_qaunt=True)
     with pytest.raises(ValueError, match="sp_gather"):
         mxfuse.post_grad_pass(sp_gather="fp8")

@@ -58,7 +58,7 @@ def _model_checks(rank, world, results):
     ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world) for n in TOKENS}
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in TOKENS}
-    for name, options in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+    for name, options in (("none", None), ("bf16", PassOptions.from_env(sp_gather="bf16")), ("mxfp8", PassOptions.from_env(sp_gather="mxfp8"))):
         torch._dynamo.reset()
         capture = _Capture(options)
         compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
@@ -74,11 +74,11 @@ def _model_checks(rank, world, results):
             "same": same,
             "compiles": capture.calls,
             "gathers": capture.gathers,
-            "matched": dict(capture.report.matched) if capture.report else {},
+            "matched": capture.report.matched_strings() if capture.report else {},
             "failed": capture.report.failed if capture.report else None,
             "packed_ops": sum("mxfp8_packed" in t for t in capture.targets),
             "kernels": metrics.generated_kernel_count,  # Inductor's own (cpp_fused_*) kernels
-            "skipped": [s for s in capture.report.skipped if s[0] == "sp_gather"] if capture.report else [],
+            "skipped": [s for s in capture.report.skipped if s.rewrite == "sp_gather"] if capture.report else [],
         }
 
 
@@ -113,7 +113,7 @@ def _broken_checks(rank, world, results):
     with torch.no_grad():
         full = torch.cat([mx.gemma_rmsnorm(x, w, 1e-6) for x in xs])
         truth = gemm_swizzled(*mx.mxfp8_quantize(full, True))
-    for name, options in (("broken_unrepaired", None), ("broken_auto", PassOptions()), ("broken_bf16", PassOptions(sp_gather="bf16"))):
+    for name, options in (("broken_unrepaired", None), ("broken_auto", PassOptions.from_env()), ("broken_bf16", PassOptions.from_env(sp_gather="bf16"))):
         torch._dynamo.reset()
         capture = _Capture(options)
         compiled = torch.compile(broken, fullgraph=True, options={"post_grad_custom_post_pass": capture})
@@ -122,7 +122,7 @@ def _broken_checks(rank, world, results):
         results[name] = {
             "same": torch.equal(_bits(out), _bits(truth)),
             "gathers": capture.gathers,
-            "matched": dict(capture.report.matched) if capture.report else {},
+            "matched": capture.report.matched_strings() if capture.report else {},
         }
 
 

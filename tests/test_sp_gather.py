@@ -26,7 +26,9 @@ from mxfuse.ops import packed, reference
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sp_gather
+from mxfuse.patterns.gather_checks import rows_reason
 from mxfuse.patterns.norm_quant import example_inputs
+from mxfuse.patterns.results import SkipCode
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
@@ -119,7 +121,7 @@ def simulate(gm, *args):
 
 
 def run_pass(gm, **options):
-    report = post_grad.run(gm.graph, PassOptions(**options))
+    report = post_grad.run(gm.graph, PassOptions.from_env(**options))
     assert report.failed is None, report.failed
     gm.recompile()
     return report
@@ -194,7 +196,7 @@ def test_c10d_norm_gather_quant_modes(mode, residual):
         assert gather.meta["val"].dtype == torch.bfloat16
         assert mx.mxfp8_quantize.default in targets(gm)
         assert not report.matched
-        assert any(s[0] == "sp_gather" and "bf16" in s[3] for s in report.skipped)
+        assert any(s.rewrite == "sp_gather" and "bf16" in s.reason for s in report.skipped)
         return
     # ONE collective, carrying the packed uint8 rows [W*M, K + K/32]
     assert gather.meta["val"].dtype == torch.uint8
@@ -205,7 +207,7 @@ def test_c10d_norm_gather_quant_modes(mode, residual):
     assert mx.mxfp8_quantize.default not in targets(gm)
     assert mx.gemma_fused_add_rmsnorm.default not in targets(gm)
     kind = f"mxfuse:{'fused_add' if residual else 'plain'}->c10d_gather:mxfp8_packed:rowmajor"
-    assert report.matched == {kind: 1}
+    assert report.matched_strings() == {kind: 1}
     # the views are aten.slice + aten.view.dtype, nothing copies
     assert torch.ops.aten.view.dtype in targets(gm)
     assert sum(t is torch.ops.aten.slice.Tensor for t in targets(gm)) == 2
@@ -226,23 +228,27 @@ def test_gemm_records_the_strides_of_its_new_inputs():
         assert val.stride() == arg.meta["val"].stride() == (K + K // 32, 1)
 
 
-def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch):
+def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch, caplog):
     args = local_inputs(m=5)
     gm = trace(sp_block(), *args)
     (gemm,) = [n for n in gm.graph.nodes if n.target is mx.mxfp8_linear.default]
     before, code = gemm.meta["eager_input_vals"], gm.code
-    real_apply = sp_gather.apply
+    real_apply = sp_gather.SpGather.apply
 
-    def apply_then_fail(graph, action, options=None):
-        real_apply(graph, action, options)  # rewires the GEMM first
+    def apply_then_fail(self, graph, action, options):
+        real_apply(self, graph, action, options)  # rewires the GEMM first
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(sp_gather, "apply", apply_then_fail)
-    with pytest.warns(UserWarning, match="injected failure"):
-        report = post_grad.run(gm.graph, PassOptions(sp_gather="mxfp8"))
+    monkeypatch.setattr(sp_gather.SpGather, "apply", apply_then_fail)
+    with caplog.at_level("WARNING", logger="mxfuse"):
+        # not strict: the site is rolled back and reported; fuse_norm_quant off so nothing else fuses
+        report = post_grad.run(gm.graph, PassOptions(sp_gather="mxfp8", fuse_norm_quant=False))
     gm.recompile()
-    assert report.failed and gm.code == code
+    assert not report.matched and gm.code == code
+    (failed,) = [s for s in report.skipped if s.code is SkipCode.REWRITE_FAILED]
+    assert failed.rewrite == "sp_gather" and "injected failure" in failed.reason
     assert gemm.meta["eager_input_vals"] is before
+    assert "injected failure" in caplog.text
 
 
 def test_swizzled_consumer_gets_swizzle_after_the_gather():
@@ -251,7 +257,7 @@ def test_swizzled_consumer_gets_swizzle_after_the_gather():
     expected = simulate(gm, *args)
     report = run_pass(gm)  # auto
     assert_same(simulate(gm, *args), expected)
-    assert report.matched == {"mxfuse:fused_add->c10d_gather:mxfp8_packed:swizzled": 1}
+    assert report.matched_strings() == {"mxfuse:fused_add->c10d_gather:mxfp8_packed:swizzled": 1}
     (gather,) = gathers(gm)
     assert gather.meta["val"].dtype == torch.uint8
     (swz,) = [n for n in gm.graph.nodes if n.target is mx.mxfp8_swizzle_scales.default]
@@ -263,7 +269,7 @@ def test_gathered_bf16_with_another_user_auto_keeps_bf16():
     gm = trace(sp_block(extra_gathered_user=True), *args)
     report = run_pass(gm)
     assert not report.matched
-    reasons = [s[3] for s in report.skipped if s[0] == "sp_gather"]
+    reasons = [s.reason for s in report.skipped if s.rewrite == "sp_gather"]
     assert reasons and "other users" in reasons[0]
     (gather,) = gathers(gm)
     assert gather.meta["val"].dtype == torch.bfloat16
@@ -276,7 +282,7 @@ def test_gathered_bf16_with_another_user_mxfp8_forced_keeps_both_gathers():
     report = run_pass(gm, sp_gather="mxfp8")
     assert_same(simulate(gm, *args), expected)
     assert sorted(str(g.meta["val"].dtype) for g in gathers(gm)) == ["torch.bfloat16", "torch.uint8"]
-    assert list(report.matched) == ["mxfuse:fused_add->c10d_gather:mxfp8_packed:rowmajor+bf16_gather"]
+    assert list(report.matched_strings()) == ["mxfuse:fused_add->c10d_gather:mxfp8_packed:rowmajor+bf16_gather"]
     (fused,) = [n for n in gm.graph.nodes if n.target is mx.gemma_fused_add_rmsnorm_mxfp8_packed.default]
     assert fused.kwargs["emit_y"] is True
 
@@ -318,7 +324,7 @@ def test_gather_along_dim_1_is_left_alone():
     before = targets(gm)
     report = run_pass(gm, sp_gather="mxfp8")
     assert targets(gm) == before and not report.matched
-    (reason,) = [s[3] for s in report.skipped if s[0] == "sp_gather"]
+    (reason,) = [s.reason for s in report.skipped if s.rewrite == "sp_gather"]
     assert "dim other than 0" in reason
 
 
@@ -332,7 +338,7 @@ def test_world_size_not_a_constant_is_left_alone():
     gather.args = (gather.args[0], size, gather.args[2])
     report = run_pass(gm, sp_gather="mxfp8")
     assert not report.matched
-    assert any("world size" in s[3] and "constant" in s[3] for s in report.skipped)
+    assert any("world size" in s.reason and "constant" in s.reason for s in report.skipped)
 
 
 def test_group_not_a_constant_is_left_alone():
@@ -342,7 +348,7 @@ def test_group_not_a_constant_is_left_alone():
     gather.args = (gather.args[0], W, args_node(gm, 0))  # a node where the group name belongs
     report = run_pass(gm, sp_gather="mxfp8")
     assert not report.matched
-    assert any("group" in s[3] for s in report.skipped)
+    assert any("group" in s.reason for s in report.skipped)
 
 
 def args_node(gm, i):
@@ -352,10 +358,11 @@ def args_node(gm, i):
 def test_rows_reason_guards():
     mode = FakeTensorMode()
     with mode:
-        assert "multiple of 32" in sp_gather._rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y")
-        assert "dtype" in sp_gather._rows_reason(torch.empty(4, 64), "y")
-        assert "2-D" in sp_gather._rows_reason(torch.empty(2, 4, 64, dtype=torch.bfloat16), "y")
-        assert sp_gather._rows_reason(torch.empty(4, 64, dtype=torch.float16), "y") is None
+        assert "multiple of 32" in rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y").text
+        assert rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y").code is SkipCode.HIDDEN_SIZE
+        assert "dtype" in rows_reason(torch.empty(4, 64), "y").text
+        assert "2-D" in rows_reason(torch.empty(2, 4, 64, dtype=torch.bfloat16), "y").text
+        assert rows_reason(torch.empty(4, 64, dtype=torch.float16), "y") is None
 
 
 # ------------------------------------------------------------------ form B: quantized before the gather
@@ -396,12 +403,12 @@ def test_broken_swizzled_gather_is_repaired(mode, as_uint8):
     assert_same(simulate(gm, *args), expected)
     (gather,) = gathers(gm)
     if mode == "bf16":
-        assert report.matched == {"repair:swizzled:c10d_gather->bf16_gather": 1}
+        assert report.matched_strings() == {"repair:swizzled:c10d_gather->bf16_gather": 1}
         assert gather.meta["val"].dtype == torch.bfloat16
         (quant,) = [n for n in gm.graph.nodes if n.target is mx.mxfp8_quantize.default]
         assert quant.args[0].target is c10d.wait_tensor.default and quant.args[1] is True
     else:
-        assert report.matched == {"repair:swizzled:c10d_gather->mxfp8_packed": 1}
+        assert report.matched_strings() == {"repair:swizzled:c10d_gather->mxfp8_packed": 1}
         assert gather.meta["val"].dtype == torch.uint8
         assert mx.gemma_fused_add_rmsnorm_mxfp8_packed.default in targets(gm)
 
@@ -422,7 +429,7 @@ def test_broken_swizzled_gather_of_a_non_norm_is_repaired():
     expected = simulate(trace(good, x), x)
     gm = trace(fn, x)
     report = run_pass(gm)
-    assert report.matched == {"repair:swizzled:c10d_gather->mxfp8_packed": 1}
+    assert report.matched_strings() == {"repair:swizzled:c10d_gather->mxfp8_packed": 1}
     assert mx.mxfp8_quantize_packed.default in targets(gm)
     assert_same(simulate(gm, x), expected)
 
@@ -436,9 +443,9 @@ def test_two_gathers_of_rowmajor_codes_and_scales(mode):
     report = run_pass(gm, sp_gather=mode)
     assert_same(simulate(gm, *args), expected)
     if mode == "bf16":  # left to rewrite 1 (which fuses the norm into the local quant)
-        assert not any(kind.startswith("two_gathers") for kind in report.matched) and len(gathers(gm)) == 2
+        assert not any(kind.startswith("two_gathers") for kind in report.matched_strings()) and len(gathers(gm)) == 2
     else:
-        assert report.matched == {"two_gathers:rowmajor:c10d_gather->mxfp8_packed": 1}
+        assert report.matched_strings() == {"two_gathers:rowmajor:c10d_gather->mxfp8_packed": 1}
         (gather,) = gathers(gm)
         assert gather.meta["val"].dtype == torch.uint8
 
@@ -512,7 +519,7 @@ def test_vllm_all_gather_form(vllm_ops, swizzled):
     expected = simulate(gm, *args)
     report = run_pass(gm)
     layout = "swizzled" if swizzled else "rowmajor"
-    assert report.matched == {f"mxfuse:fused_add->vllm_gather:mxfp8_packed:{layout}": 1}
+    assert report.matched_strings() == {f"mxfuse:fused_add->vllm_gather:mxfp8_packed:{layout}": 1}
     (gather,) = gathers(gm)
     assert gather.target is vllm_ops.all_gather.default and gather.args[1:] == (0, W, "tp:0")
     assert gather.meta["val"].dtype == torch.uint8
@@ -529,7 +536,7 @@ def test_vllm_gather_along_dim_1_is_left_alone(vllm_ops):
     gm = trace(fn, x, w)
     report = run_pass(gm, sp_gather="mxfp8")
     assert not report.matched
-    (reason,) = [s[3] for s in report.skipped if s[0] == "sp_gather"]
+    (reason,) = [s.reason for s in report.skipped if s.rewrite == "sp_gather"]
     assert "along dim 1, not 0" in reason
 
 
@@ -555,7 +562,7 @@ def test_vllm_broken_flat_swizzled_gather_is_repaired(vllm_ops):
     gm = trace(broken, *args)
     assert not torch.equal(bits(simulate(gm, *args)[0]), bits(expected[0]))
     report = run_pass(gm)
-    assert report.matched == {"repair:swizzled:vllm_gather->mxfp8_packed": 1}
+    assert report.matched_strings() == {"repair:swizzled:vllm_gather->mxfp8_packed": 1}
     (gather,) = gathers(gm)
     assert gather.meta["val"].dtype == torch.uint8
     assert_same(simulate(gm, *args), expected)

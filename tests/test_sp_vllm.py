@@ -69,7 +69,7 @@ def _checks(rank: int, group: str, PassOptions) -> dict:
     with torch.no_grad():
         eager = block(x, residual)
     results = {}
-    for name, options in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+    for name, options in (("none", None), ("bf16", PassOptions.from_env(sp_gather="bf16")), ("mxfp8", PassOptions.from_env(sp_gather="mxfp8"))):
         torch._dynamo.reset()
         capture = _Gathers(options)
         compiled = torch.compile(block, fullgraph=True, options={"post_grad_custom_post_pass": capture})
@@ -78,7 +78,7 @@ def _checks(rank: int, group: str, PassOptions) -> dict:
         results[name] = {
             "same": all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(out, eager)),
             "gathers": capture.gathers,
-            "matched": dict(capture.report.matched) if capture.report else {},
+            "matched": capture.report.matched_strings() if capture.report else {},
         }
     results["group"] = group
     return results

@@ -8,8 +8,9 @@ never from a second copy of its rules:
   (the rewrites erase a norm they replaced);
 - the kind of fusion: :func:`mxfuse.patterns.norm_quant.plan_one` on the graph before,
   else the report's matched kinds of the rewrite that took it;
-- why not: the ``skipped`` entries of the pass report (rewrite, norm kind, node,
-  reason), the ones that :mod:`mxfuse.passes.post_grad` also logs at debug level.
+- why not: the ``skipped`` records of the pass report (rewrite, norm kind, node,
+  :class:`~mxfuse.patterns.results.SkipCode`, reason), the ones that
+  :mod:`mxfuse.passes.post_grad` also logs at debug level. Decisions read the codes.
 
 :func:`explain` runs the pass on a copy of the graph; :func:`explain_run` explains a
 run that already happened (the graph before, the graph after and the report), which
@@ -19,6 +20,7 @@ level and emit an ``mxfuse_explain`` artifact for tlparse.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import operator
@@ -29,10 +31,10 @@ import torch
 from torch import fx
 
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
+from mxfuse.patterns.results import SkipCode, SkipRecord
 
 log = logging.getLogger("mxfuse")
-
-_GATHER_HINT = "crosses an all-gather"
 
 
 @dataclass(frozen=True)
@@ -73,26 +75,24 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
     return new
 
 
-def explain(graph: fx.Graph, options: PassOptions | None = None) -> list[Verdict]:
-    """Verdicts for every Gemma norm of `graph`; runs the pass on a copy (`graph` is not touched)."""
+def explain(graph: fx.Graph, options: PassOptions = PassOptions()) -> list[Verdict]:  # noqa: B008 - frozen
+    """Verdicts for every Gemma norm of `graph`; runs the pass on a copy (`graph` is not touched, no dump)."""
     from mxfuse.passes import post_grad
 
-    options = options or PassOptions()
     after = copy_graph(graph)
-    report = post_grad.run(after, PassOptions(options.fuse_norm_quant, options.sp_gather, dump_dir=None))
+    report = post_grad.run(after, dataclasses.replace(options, dump_dir=None))
     return explain_run(graph, after, report, options)
 
 
-def explain_run(before: fx.Graph, after: fx.Graph, report, options: PassOptions | None = None) -> list[Verdict]:
+def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: PassOptions) -> list[Verdict]:
     """Verdicts from a run of the pass: `before` (a copy taken before it), `after`, its report."""
     from mxfuse.patterns import norm_quant
     from mxfuse.patterns.norms import find_norms
 
-    options = options or PassOptions()
     alive = {n.name for n in after.nodes}
-    skips: dict[str, list[tuple[str, str]]] = {}
-    for rewrite, _kind, node, reason in report.skipped:
-        skips.setdefault(node, []).append((rewrite, reason))
+    skips: dict[str, list[SkipRecord]] = {}
+    for record in report.skipped:
+        skips.setdefault(record.node, []).append(record)
     verdicts = []
     for norm in find_norms(before):
         if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
@@ -100,8 +100,8 @@ def explain_run(before: fx.Graph, after: fx.Graph, report, options: PassOptions 
         module, source, code = _where(norm)
         if norm.y.name not in alive:
             planned = norm_quant.plan_one(norm)
-            if isinstance(planned, norm_quant.Fusion):
-                detail, rewrite = planned.kind, norm_quant.NAME
+            if isinstance(planned, norm_quant.NormQuantFusion):
+                detail, rewrite = str(planned.kind), norm_quant.NAME
             else:
                 detail, rewrite = _other_rewrite_kind(norm.kind, report), "sp_gather"
             verdicts.append(Verdict(norm.y.name, norm.kind, True, detail, rewrite, module, source, code))
@@ -112,12 +112,12 @@ def explain_run(before: fx.Graph, after: fx.Graph, report, options: PassOptions 
     return verdicts
 
 
-def _other_rewrite_kind(norm_kind: str, report) -> str:
-    kinds = sorted(k for k in report.matched if k.startswith(norm_kind + "->"))
+def _other_rewrite_kind(norm_kind: str, report: PassReport) -> str:
+    kinds = sorted(str(k) for k in report.matched if k.norm_kind == norm_kind and k.rewrite != "norm_quant")
     return " or ".join(kinds) if kinds else "replaced by a rewrite (see the report's matched kinds)"
 
 
-def _reason(norm, skips: list[tuple[str, str]], report, options: PassOptions) -> tuple[str | None, str]:
+def _reason(norm, skips: list[SkipRecord], report: PassReport, options: PassOptions) -> tuple[str | None, str]:
     if report.failed:
         return None, f"the pass failed and left the graph unchanged ({report.failed})"
     if not skips:
@@ -125,16 +125,16 @@ def _reason(norm, skips: list[tuple[str, str]], report, options: PassOptions) ->
             return None, "the option fuse_norm_quant is off"
         return None, "left unchanged (no rewrite recorded a reason)"
     # a norm whose output is gathered first: rewrite 2 (sp_gather) has the last word
-    own = [s for s in skips if s[0] == "norm_quant"]
-    others = [s for s in skips if s[0] != "norm_quant"]
-    if others and (not own or _GATHER_HINT in own[0][1]):
-        rewrite, reason = others[0]
-        reason = f"its output crosses an all-gather: {reason}"
+    own = [s for s in skips if s.rewrite == "norm_quant"]
+    others = [s for s in skips if s.rewrite != "norm_quant"]
+    if others and (not own or own[0].code is SkipCode.CROSSES_GATHER):
+        chosen, reason = others[0], f"its output crosses an all-gather: {others[0].reason}"
     else:
-        rewrite, reason = own[0]
-    if reason.startswith("no MXFP8 quant reads"):
+        chosen = own[0]
+        reason = chosen.reason
+    if chosen.code is SkipCode.NO_QUANT and chosen.rewrite == "norm_quant":
         reason += f" (read by: {_readers(norm.y)})"
-    return rewrite, reason
+    return chosen.rewrite, reason
 
 
 def _readers(node: fx.Node) -> str:
@@ -202,12 +202,12 @@ def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
     its name is a norm form the recognizers do not know (a foreign op).
     """
     from mxfuse.patterns.norms import match_norm
-    from mxfuse.patterns.quants import match_quant
+    from mxfuse.patterns.quants import find_quants
 
     found = []
-    for node in graph.nodes:
-        quant = match_quant(node)
-        if quant is None or not isinstance(quant.x, fx.Node) or match_norm(quant.x) is not None:
+    for quant in find_quants(graph):
+        node = quant.node
+        if not isinstance(quant.x, fx.Node) or match_norm(quant.x) is not None:
             continue
         producer, via = quant.x, []
         while producer.op == "call_function" and _is_view(producer) and isinstance(producer.args[0], fx.Node):
@@ -240,5 +240,5 @@ def _emit(verdicts: list[Verdict]) -> None:
             metadata_fn=lambda: {"name": "mxfuse_explain", "encoding": "json"},
             payload_fn=lambda: json.dumps([asdict(v) for v in verdicts]),
         )
-    except Exception:  # noqa: BLE001 - tlparse artifacts are best effort
+    except Exception:
         log.debug("mxfuse: trace_structured unavailable", exc_info=True)

@@ -1,16 +1,24 @@
-"""The options of the mxfuse passes: one frozen dataclass, validated, hashable into the cache key."""
+"""The options of the mxfuse passes: one frozen dataclass of plain data, validated, hashable into the cache key.
+
+`PassOptions(...)` never reads the environment; :meth:`PassOptions.from_env` is the one
+place that does, for both entry points (`mxfuse.post_grad_pass()` and the vLLM pass).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 SP_GATHER_MODES = ("auto", "bf16", "mxfp8")
 OPTIONS_ENV = "MXFUSE_OPTIONS"
 DUMP_DIR_ENV = "MXFUSE_DUMP_DIR"
+STRICT_ENV = "MXFUSE_STRICT"
+
+# metadata of the fields that do not change the rewritten graph (left out of the cache key)
+_NOT_IN_CACHE_KEY = {"cache_key": False}
 
 
 @dataclass(frozen=True)
@@ -21,24 +29,28 @@ class PassOptions:
     sp_gather: rewrite 2, where quantization goes around a sequence-parallel all-gather:
         "bf16" gathers bf16 and quantizes after; "mxfp8" quantizes the local rows
         (fused) and gathers one packed byte buffer; "auto" picks "mxfp8" when exact.
-    dump_dir: write each graph before and after the passes there
-        (default: the MXFUSE_DUMP_DIR environment variable, else no dump).
+    dump_dir: write each graph before and after the passes there (None: no dump).
+    strict: raise an exception from inside the pass instead of rolling back and logging
+        it (for tests and debugging: a bug cannot hide behind the rollback).
     """
 
     fuse_norm_quant: bool = True
     sp_gather: Literal["auto", "bf16", "mxfp8"] = "auto"
-    dump_dir: str | None = None
+    dump_dir: str | None = field(default=None, metadata=_NOT_IN_CACHE_KEY)
+    strict: bool = field(default=False, metadata=_NOT_IN_CACHE_KEY)
 
     def __post_init__(self):
-        if not isinstance(self.fuse_norm_quant, bool):
-            raise TypeError(f"mxfuse option fuse_norm_quant must be a bool, got {self.fuse_norm_quant!r}")
+        for name in ("fuse_norm_quant", "strict"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"mxfuse option {name} must be a bool, got {getattr(self, name)!r}")
         if self.sp_gather not in SP_GATHER_MODES:
             raise ValueError(f"mxfuse option sp_gather must be one of {SP_GATHER_MODES}, got {self.sp_gather!r}")
-        if self.dump_dir is None and os.environ.get(DUMP_DIR_ENV):
-            object.__setattr__(self, "dump_dir", os.environ[DUMP_DIR_ENV])
+        if self.dump_dir is not None and not isinstance(self.dump_dir, str):
+            raise TypeError(f"mxfuse option dump_dir must be a str or None, got {self.dump_dir!r}")
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> PassOptions:
+    def from_kwargs(cls, **kwargs: Any) -> PassOptions:
+        """Options from names and values (unknown names raise, listing the known ones)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -46,19 +58,39 @@ class PassOptions:
         return cls(**kwargs)
 
     @classmethod
-    def from_env(cls) -> PassOptions:
-        """Options from the MXFUSE_OPTIONS environment variable (JSON), for vLLM users."""
-        raw = os.environ.get(OPTIONS_ENV, "").strip()
-        if not raw:
-            return cls()
-        try:
-            values = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{OPTIONS_ENV} is not valid JSON ({e}): {raw!r}") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")
+    def from_env(cls, **overrides: Any) -> PassOptions:
+        """Options from the environment, `overrides` winning over it.
+
+        One rule, lowest to highest: the defaults; `MXFUSE_DUMP_DIR` (dump_dir) and
+        `MXFUSE_STRICT=1` (strict); `MXFUSE_OPTIONS` (a JSON object of any options);
+        the keyword arguments (`dump_dir=None` turns a dump set in the environment off).
+        """
+        values: dict[str, Any] = {}
+        if os.environ.get(DUMP_DIR_ENV):
+            values["dump_dir"] = os.environ[DUMP_DIR_ENV]
+        strict = os.environ.get(STRICT_ENV, "").strip()
+        if strict:
+            if strict not in ("0", "1"):
+                raise ValueError(f"{STRICT_ENV} must be 0 or 1, got {strict!r}")
+            values["strict"] = strict == "1"
+        values.update(_json_options())
+        values.update(overrides)
         return cls.from_kwargs(**values)
 
     def cache_key(self) -> str:
-        """The options that change the compiled graph (dump_dir does not)."""
-        return json.dumps({"fuse_norm_quant": self.fuse_norm_quant, "sp_gather": self.sp_gather}, sort_keys=True)
+        """The options that change the compiled graph (all fields but dump_dir and strict)."""
+        keyed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("cache_key", True)}
+        return json.dumps(keyed, sort_keys=True)
+
+
+def _json_options() -> dict[str, Any]:
+    raw = os.environ.get(OPTIONS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{OPTIONS_ENV} is not valid JSON ({e}): {raw!r}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")  # noqa: TRY004 - a bad value
+    return values

@@ -2,100 +2,111 @@
 
 Order: rewrite 2 (quantization around the SP all-gather) first, so that rewrite 1
 (norm -> quant fusion) sees the graph it leaves. Each rewrite plans without touching
-the graph, then applies; everything runs inside one :class:`GraphTransaction`, so an
-exception anywhere restores the graph exactly and becomes a warning naming the
-pattern that failed.
+the graph, then applies one site at a time. A site whose rewrite raises is restored
+(its own :class:`GraphTransaction`) and reported as skipped with
+`SkipCode.REWRITE_FAILED`; the other sites still fuse. Everything runs inside one more
+transaction, the last line of defence: an exception outside a site restores the whole
+graph. Failures are logged at WARNING on the `mxfuse` logger; with the option `strict`
+(or `MXFUSE_STRICT=1`) they are raised instead (the test suite runs strict).
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import json
 import logging
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
 from mxfuse.passes.transaction import GraphTransaction
+from mxfuse.patterns.results import Fusion, Rewrite, Skip, SkipCode, SkipRecord
 
 log = logging.getLogger("mxfuse")
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _SOURCE_DIRS = ("ops", "patterns", "passes")
 
-
-@dataclass
-class PassReport:
-    """What one run of the pass did to one graph."""
-
-    matched: collections.Counter = field(default_factory=collections.Counter)
-    skipped: list = field(default_factory=list)  # (rewrite, norm kind, node name, reason)
-    replaced_nodes: list = field(default_factory=list)  # names of the nodes the rewrites replaced
-    failed: str | None = None
-    dumps: list = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {
-            "matched": dict(self.matched),
-            "skipped": [dict(zip(("rewrite", "kind", "node", "reason"), s)) for s in self.skipped],
-            "replaced_nodes": self.replaced_nodes,
-            "failed": self.failed,
-            "dumps": self.dumps,
-        }
+__all__ = ["MxfusePass", "PassReport", "cache_key", "rewrites", "run"]
 
 
-def rewrites(options: PassOptions) -> list:
-    """The rewrite modules to run, in order."""
-    from mxfuse.patterns import norm_quant, sp_gather
+def rewrites() -> list[Rewrite]:
+    """The rewrites, in the order they run (each reads the options it needs)."""
+    from mxfuse.patterns.norm_quant import NormQuant
+    from mxfuse.patterns.sp_gather import SpGather
 
-    return [sp_gather] + ([norm_quant] if options.fuse_norm_quant else [])
+    return [SpGather(), NormQuant()]
 
 
 def run(graph: fx.Graph, options: PassOptions) -> PassReport:
     """Apply the rewrites to `graph` in place and report what happened."""
+    from mxfuse.patterns.fx_utils import fold_duplicate_getitems
+
     report = PassReport()
     before = _graph_text(graph) if options.dump_dir else None
     transaction = GraphTransaction(graph)
     users_before = {node: len(node.users) for node in transaction.order}
-    current = "planning"
+    current = "folding duplicate getitems"
     try:
-        for rewrite in rewrites(options):
-            current = rewrite.NAME
-            actions, skips = rewrite.plan(graph, options)
-            report.skipped += [(rewrite.NAME, s.norm.kind, s.norm.y.name, s.reason) for s in skips]
-            for action in actions:
-                current = f"{rewrite.NAME} ({action.kind})"
-                if rewrite.apply(graph, action, options) is not None:
-                    report.matched[action.kind] += 1
-                    report.replaced_nodes += action_nodes(action)
+        fold_duplicate_getitems(graph)  # left by CSE or freezing; the recognizers expect one of each
+        for rewrite in rewrites():
+            current = rewrite.name
+            for planned in rewrite.plan(graph, options):
+                if isinstance(planned, Skip):
+                    report.skipped.append(planned.record())
+                else:
+                    _apply_site(graph, rewrite, planned, options, report)
         if report.matched:
             current = "topological sort"
+            # Inductor sorts after the custom pass too, but explain, the CLI and tests read
+            # (and execute) the graph right after this function.
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(graph)
             graph.lint()
-    except Exception as error:  # noqa: BLE001 - any failure must leave the graph intact
+        else:
+            transaction.rollback()  # nothing fused: not even the folded getitems change
+    except Exception as error:
         transaction.rollback()
+        if options.strict:
+            raise
         report = PassReport(failed=f"{current}: {type(error).__name__}: {error}")
-        warnings.warn(f"mxfuse: pattern {current} failed; graph left unchanged. {type(error).__name__}: {error}")
+        log.warning("mxfuse: pattern %s failed; graph left unchanged. %s: %s", current, type(error).__name__, error)
         log.debug("mxfuse pass failure", exc_info=True)
         return report
-    transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
+    if report.matched:
+        transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
     _log(report)
     if options.dump_dir and report.matched:
         report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
     return report
 
 
-def action_nodes(action) -> list[str]:
-    nodes = getattr(action, "replaced", None)
-    return [n.name for n in nodes] if nodes is not None else []
+def _apply_site(graph: fx.Graph, rewrite: Rewrite, fusion: Fusion, options: PassOptions, report: PassReport):
+    """Apply one planned fusion; on an exception restore this site only and record why."""
+    kind, replaced, site = fusion.kind, [n.name for n in fusion.replaced], fusion.site
+    transaction = GraphTransaction(graph)
+    try:
+        applied = rewrite.apply(graph, fusion, options)
+    except Exception as error:
+        transaction.rollback()
+        if options.strict:
+            raise
+        what = f"{type(error).__name__}: {error}"
+        reason = f"rewriting it as {kind} failed and was undone ({what})"
+        report.skipped.append(SkipRecord(rewrite.name, kind.norm_kind, site.name, SkipCode.REWRITE_FAILED, reason))
+        log.warning(
+            "mxfuse: pattern %s (%s) failed at %s; that site left unchanged. %s", rewrite.name, kind, site, what
+        )
+        log.debug("mxfuse site failure", exc_info=True)
+        return
+    if applied is not None:
+        report.matched[kind] += 1
+        report.replaced_nodes += replaced
 
 
 def _graph_text(graph: fx.Graph) -> str:
@@ -118,9 +129,9 @@ def _dump(dump_dir: str, before: str, after: str, report: PassReport) -> list[st
 
 def _log(report: PassReport):
     if report.matched:
-        log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in sorted(report.matched.items())))
-    for rewrite, kind, node, reason in report.skipped:
-        log.debug("mxfuse: %s left %s (%s): %s", rewrite, node, kind, reason)
+        log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in sorted(report.matched_strings().items())))
+    for s in report.skipped:
+        log.debug("mxfuse: %s left %s (%s): %s", s.rewrite, s.node, s.norm_kind or "quant_input", s.reason)
     try:
         from torch._logging import trace_structured
 
@@ -129,7 +140,7 @@ def _log(report: PassReport):
             metadata_fn=lambda: {"name": "mxfuse_pass_report", "encoding": "json"},
             payload_fn=lambda: json.dumps(report.as_dict()),
         )
-    except Exception:  # noqa: BLE001 - tlparse artifacts are best effort
+    except Exception:
         log.debug("mxfuse: trace_structured unavailable", exc_info=True)
 
 

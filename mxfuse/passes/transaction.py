@@ -19,7 +19,9 @@ class GraphTransaction:
         self.known = set(self.order)
         self.args = {node: (node.args, node.kwargs) for node in self.order}
         # rewires re-record their users' eager_input_vals (fx_utils.redirect_uses)
-        self.eager_vals = {node: node.meta["eager_input_vals"] for node in self.order if "eager_input_vals" in node.meta}
+        self.eager_vals = {
+            node: node.meta["eager_input_vals"] for node in self.order if "eager_input_vals" in node.meta
+        }
 
     def rollback(self):
         for node, (args, kwargs) in self.args.items():

@@ -3,8 +3,8 @@
 vLLM resolves `"mxfuse.vllm_pass"` from its compilation config with
 `__import__("mxfuse").__dict__["vllm_pass"]`; :mod:`mxfuse` binds that attribute to
 :func:`vllm_pass` as soon as vLLM's pass module exists. Options come from the
-`MXFUSE_OPTIONS` environment variable (JSON), read at each call and in `uuid()`, so
-vLLM's compile cache follows them.
+environment by :meth:`PassOptions.from_env` (the rule `mxfuse.post_grad_pass()` uses),
+read at each call and in `uuid()`, so vLLM's compile cache follows them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from vllm.compilation.passes.inductor_pass import InductorPass
 
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
 
 
 class MxfuseVllmPass(InductorPass):
     """mxfuse's rewrites, run by vLLM's PostGradPassManager after its own fusions."""
 
     def __init__(self, options: PassOptions | None = None):
-        self._options = options
-        self.last_report: post_grad.PassReport | None = None
+        self._options = options  # None: from the environment at each use
+        self.last_report: PassReport | None = None
 
     @property
     def options(self) -> PassOptions:

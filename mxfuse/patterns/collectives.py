@@ -4,16 +4,21 @@
 - PyTorch functional collectives: `_c10d_functional.all_gather_into_tensor(x,
   group_size, group_name)` then `_c10d_functional.wait_tensor(...)`: the gathered
   tensor is the wait's output; always along dim 0 (another dim adds split/cat after).
+
+Both are `CallFunction` patterns (as Inductor's `micro_pipeline_tp.find_all_gather_patterns`),
+matched at the node that holds the gathered tensor.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import fx
+from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
 
-from mxfuse.patterns.fx_utils import arg, is_call
+from mxfuse.patterns.fx_utils import is_call
 
 
 @dataclass(frozen=True)
@@ -27,28 +32,60 @@ class GatherMatch:
     dim: object
 
 
-def _c10d():
-    return torch.ops._c10d_functional
-
-
 def _vllm_all_gather():
     ns = torch.ops.vllm
     return ns.all_gather.default if hasattr(ns, "all_gather") else None
 
 
+@functools.cache
+def _c10d_pattern() -> CallFunction:
+    c10d = torch.ops._c10d_functional
+    start = CallFunction(
+        c10d.all_gather_into_tensor.default,
+        KeywordArg("x"),
+        KeywordArg("world_size"),
+        KeywordArg("group_name"),
+        _users=MULTIPLE,  # besides the wait, shape reads (dynamic shapes: `sym_size(gathered, 0)`)
+    )
+    return CallFunction(c10d.wait_tensor.default, start)
+
+
+def _vllm_pattern(op) -> CallFunction:
+    return CallFunction(op, KeywordArg("x"), KeywordArg("dim"), KeywordArg("world_size"), KeywordArg("group_name"))
+
+
+def match_gathered(out: fx.Node) -> GatherMatch | None:
+    """The all-gather whose gathered tensor `out` holds (the wait, or vLLM's collective)."""
+    c10d = torch.ops._c10d_functional
+    if is_call(out, c10d.wait_tensor.default):
+        m = _c10d_pattern().match(out)
+        if not m:
+            return None
+        start = out.args[0]
+        if not all(u is out or is_call(u, torch.ops.aten.sym_size.int) for u in start.users):
+            return None
+        return GatherMatch("c10d", start, out, m.kwargs["x"], m.kwargs["world_size"], m.kwargs["group_name"], 0)
+    vllm_op = _vllm_all_gather()
+    if vllm_op is not None and is_call(out, vllm_op):
+        m = _vllm_pattern(vllm_op).match(out)
+        if not m:
+            return None
+        kw = m.kwargs
+        return GatherMatch("vllm", out, out, kw["x"], kw["world_size"], kw["group_name"], kw["dim"])
+    return None
+
+
 def match_all_gather(node: fx.Node) -> GatherMatch | None:
     """The all-gather that `node` starts (the collective node itself), if it is one."""
-    c10d = _c10d()
+    c10d = torch.ops._c10d_functional
     if is_call(node, c10d.all_gather_into_tensor.default):
         waits = [u for u in node.users if is_call(u, c10d.wait_tensor.default)]
-        others = [u for u in node.users if u not in waits]
-        if len(waits) != 1 or not all(is_call(u, torch.ops.aten.sym_size.int) for u in others):
-            return None  # besides the wait, only shape reads (dynamic shapes: `sym_size(gathered, 0)`)
-        x, size, group = arg(node, 0, "input"), arg(node, 1, "group_size"), arg(node, 2, "group_name")
-        return GatherMatch("c10d", node, waits[0], x, size, group, 0)
+        return match_gathered(waits[0]) if len(waits) == 1 else None
+    return match_gathered(node)
+
+
+def collective_ops() -> list:
+    """The collective overloads that start an all-gather (vLLM's once registered)."""
+    ops = [torch.ops._c10d_functional.all_gather_into_tensor.default]
     vllm_op = _vllm_all_gather()
-    if vllm_op is not None and is_call(node, vllm_op):
-        x, dim = arg(node, 0, "tensor"), arg(node, 1, "dim")
-        size, group = arg(node, 2, "world_size"), arg(node, 3, "group_name")
-        return GatherMatch("vllm", node, node, x, size, group, dim)
-    return None
+    return ops + ([vllm_op] if vllm_op is not None else [])

@@ -21,13 +21,6 @@ def is_call(node: Any, *targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
-    """Argument `name` of a call, passed positionally at `index` or by keyword."""
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
 def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
     """`{i: [getitem(node, i), ...]}` for a multi-output node."""
     found: dict[int, list[fx.Node]] = {}
@@ -38,11 +31,30 @@ def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
 
 
 def single_getitem(node: fx.Node, index: int) -> fx.Node | None:
-    """The getitem(node, index) user if there is exactly one; None if there is none."""
+    """The getitem(node, index) user (the first of duplicates); None if there is none.
+
+    The pass folds duplicates first (:func:`fold_duplicate_getitems`), so a rewrite sees one.
+    """
     users = getitem_users(node).get(index, [])
-    if len(users) > 1:
-        raise ValueError(f"{node} has {len(users)} getitem({index}) users; run CSE first")
     return users[0] if users else None
+
+
+def fold_duplicate_getitems(graph: fx.Graph) -> list[fx.Node]:
+    """Point the users of repeated `getitem(node, i)` (left by CSE or freezing) at the first one.
+
+    Returns the duplicates, now without users (erased with the other dead nodes after the pass).
+    """
+    folded = []
+    seen: dict[tuple[fx.Node, Any], fx.Node] = {}
+    for node in graph.find_nodes(op="call_function", target=operator.getitem):
+        source, index = node.args[0], node.args[1]
+        if not isinstance(source, fx.Node) or not isinstance(index, int):
+            continue
+        first = seen.setdefault((source, index), node)
+        if first is not node:
+            redirect_uses(node, first)
+            folded.append(node)
+    return folded
 
 
 def has_live_users(node: fx.Node) -> bool:

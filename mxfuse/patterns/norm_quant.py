@@ -19,6 +19,7 @@ touched here: that is rewrite 2's business.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -26,12 +27,16 @@ from torch import fx
 from mxfuse.patterns.fx_utils import call, getitem, has_live_users, redirect_uses
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
+from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode
+
+if TYPE_CHECKING:
+    from mxfuse.passes.options import PassOptions
 
 NAME = "norm_quant"
 
 
 @dataclass(frozen=True)
-class Fusion:
+class NormQuantFusion:
     """One planned rewrite: a norm and the quants that its fused op replaces."""
 
     norm: NormMatch
@@ -40,86 +45,102 @@ class Fusion:
     emit_y: bool
 
     @property
+    def site(self) -> fx.Node:
+        return self.norm.y
+
+    @property
     def replaced(self) -> list[fx.Node]:
         return [self.norm.y, *(q.node for q in self.quants)]
 
     @property
-    def kind(self) -> str:
-        layout = "swizzled" if self.swizzled else "rowmajor"
-        return f"{self.norm.kind}->{self.quants[0].form}_quant:{layout}{'+y' if self.emit_y else ''}"
+    def kind(self) -> FusionKind:
+        return FusionKind(
+            rewrite=NAME,
+            norm_kind=self.norm.kind,
+            fuses_norm=True,
+            writes_y=self.emit_y,
+            packed_gather=False,
+            site="norm_quant",
+            layout="swizzled" if self.swizzled else "rowmajor",
+            quant_form=self.quants[0].form,
+        )
 
 
-@dataclass(frozen=True)
-class Skip:
-    """A norm left alone, and why (shown by `mxfuse explain` and the debug log)."""
-
-    norm: NormMatch
-    reason: str
+def skip(norm: NormMatch, reason: Reason) -> Skip:
+    return Skip(NAME, norm.y, norm.kind, reason.code, reason.text)
 
 
-def plan(graph: fx.Graph, options=None) -> tuple[list[Fusion], list[Skip]]:
-    """Decide every rewrite without touching the graph."""
-    fusions, skips = [], []
-    for norm in find_norms(graph):
-        if _is_dead(norm):
-            continue  # left behind by an earlier rewrite; erased after the pass
-        verdict = plan_one(norm)
-        (fusions if isinstance(verdict, Fusion) else skips).append(verdict)
-    return fusions, skips
+class NormQuant:
+    """Rewrite 1 (see the module docstring)."""
+
+    name = NAME
+
+    def plan(self, graph: fx.Graph, options: PassOptions) -> list[NormQuantFusion | Skip]:
+        """Decide every rewrite without touching the graph."""
+        if not options.fuse_norm_quant:
+            return []
+        planned: list[NormQuantFusion | Skip] = []
+        for norm in find_norms(graph):
+            if not _is_dead(norm):  # else left behind by an earlier rewrite; erased after the pass
+                planned.append(plan_one(norm))
+        return planned
+
+    def apply(self, graph: fx.Graph, fusion: NormQuantFusion, options: PassOptions) -> fx.Node | None:
+        """Insert the fused op and rewire the users; returns the fused node (None: no longer applies).
+
+        The plan is re-derived from the graph first: an earlier fusion may have rewired
+        this norm's inputs (chained layers). Dead nodes stay; the pass erases them.
+        """
+        found = match_norm(fusion.norm.y)
+        fusion = plan_one(found) if found is not None else None
+        if not isinstance(fusion, NormQuantFusion):
+            return None
+        norm = fusion.norm
+        out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y)
+        codes, scales = out["codes"], out["scales"]
+        if fusion.quants[0].flat_swizzled_scales:
+            with graph.inserting_after(scales):
+                scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
+        for quant in fusion.quants:
+            _replace(quant.codes, codes)
+            _replace(quant.scales, scales)
+        if fusion.emit_y:
+            replaced = {q.node for q in fusion.quants}
+            redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
+        return out["fused"]
 
 
 def _is_dead(norm: NormMatch) -> bool:
     return not has_live_users(norm.y) and (norm.residual_out is None or not has_live_users(norm.residual_out))
 
 
-def plan_one(norm: NormMatch) -> Fusion | Skip:
+def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
+    """The fusion of one norm with the quants reading it, or why not."""
     reason = reject_reason(norm)
     if reason is not None:
-        return Skip(norm, reason)
+        return skip(norm, reason)
     quants = quant_users(norm.y)
     if not quants:
-        return Skip(norm, no_quant_reason(norm))
+        return skip(norm, no_quant_reason(norm))
     usable = [q for q in quants if quant_reject_reason(q) is None]
     if not usable:
-        return Skip(norm, quant_reject_reason(quants[0]))
+        return skip(norm, quant_reject_reason(quants[0]))
     chosen = tuple(q for q in usable if q.swizzled == usable[0].swizzled and q.form == usable[0].form)
     replaced = {q.node for q in chosen}
     emit_y = any(user not in replaced for user in norm.y.users)
-    return Fusion(norm, chosen, usable[0].swizzled, emit_y)
+    return NormQuantFusion(norm, chosen, usable[0].swizzled, emit_y)
 
 
-def no_quant_reason(norm: NormMatch) -> str:
+def no_quant_reason(norm: NormMatch) -> Reason:
     from mxfuse.patterns.collectives import match_all_gather  # only for the message
 
     for user in norm.y.users:
         if match_all_gather(user) is not None:
-            return "its output crosses an all-gather before the quant (rewrite 2, sp_gather, decides)"
-    return "no MXFP8 quant reads its output"
-
-
-def apply(graph: fx.Graph, fusion: Fusion, options=None) -> fx.Node | None:
-    """Insert the fused op and rewire the users; returns the fused node (None: no longer applies).
-
-    The plan is re-derived from the graph first: an earlier fusion may have rewired
-    this norm's inputs (chained layers). Dead nodes stay; the pass erases them.
-    """
-    found = match_norm(fusion.norm.y)
-    fusion = plan_one(found) if found is not None else None
-    if not isinstance(fusion, Fusion):
-        return None
-    norm = fusion.norm
-    out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y)
-    codes, scales = out["codes"], out["scales"]
-    if fusion.quants[0].flat_swizzled_scales:
-        with graph.inserting_after(scales):
-            scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
-    for quant in fusion.quants:
-        _replace(quant.codes, codes)
-        _replace(quant.scales, scales)
-    if fusion.emit_y:
-        replaced = {q.node for q in fusion.quants}
-        redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
-    return out["fused"]
+            return Reason(
+                SkipCode.CROSSES_GATHER,
+                "its output crosses an all-gather before the quant (rewrite 2, sp_gather, decides)",
+            )
+    return Reason(SkipCode.NO_QUANT, "no MXFP8 quant reads its output")
 
 
 def insert_fused_norm(

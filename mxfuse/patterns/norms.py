@@ -23,10 +23,11 @@ from functools import cache
 import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
-from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
+from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg, get_arg_value
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from mxfuse.patterns.fx_utils import arg, constant_float, fake, is_call, single_getitem
+from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
+from mxfuse.patterns.results import Reason, SkipCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -55,27 +56,33 @@ class NormMatch:
         return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"
 
 
-def reject_reason(norm: NormMatch) -> str | None:
+def reject_reason(norm: NormMatch) -> Reason | None:
     """Why the fused kernel cannot stand in for this norm (None: it can)."""
     x = fake(norm.x)
     if x is None:
-        return "no fake tensor on the norm input (graph not traced with shapes)"
+        return Reason(SkipCode.NO_SHAPES, "no fake tensor on the norm input (graph not traced with shapes)")
     if x.dtype not in (torch.bfloat16, torch.float16):
-        return f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
+        return Reason(
+            SkipCode.ACTIVATION_DTYPE, f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
+        )
     k = x.shape[-1]
     if not statically_known_true(k % 32 == 0):
-        return f"hidden size K={k} is not a multiple of 32" if isinstance(k, int) else f"hidden size {k} is symbolic"
+        text = f"hidden size K={k} is not a multiple of 32" if isinstance(k, int) else f"hidden size {k} is symbolic"
+        return Reason(SkipCode.HIDDEN_SIZE, text)
     if norm.eps is None:
-        return "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
+        return Reason(
+            SkipCode.EPS_NOT_CONSTANT,
+            "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)",
+        )
     w = fake(norm.weight)
     if w is None or w.dim() != 1 or not statically_known_true(w.shape[0] == k):
-        return f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)"
+        return Reason(SkipCode.WEIGHT_SHAPE, f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)")
     if norm.residual is not None:
         r = fake(norm.residual)
         if r is None or r.dtype != x.dtype or not same_shape(r.shape, x.shape):
-            return "residual does not match the input in shape and dtype"
+            return Reason(SkipCode.RESIDUAL_MISMATCH, "residual does not match the input in shape and dtype")
     if x.device != w.device:
-        return f"input on {x.device}, weight on {w.device}"
+        return Reason(SkipCode.DEVICE_MISMATCH, f"input on {x.device}, weight on {w.device}")
     return None
 
 
@@ -90,11 +97,11 @@ def same_shape(a, b) -> bool:
 def _match_mxfuse(y: fx.Node) -> NormMatch | None:
     ops = torch.ops.mxfuse
     if is_call(y, ops.gemma_rmsnorm.default):
-        x, w, eps = (arg(y, i, n) for i, n in enumerate(("x", "weight", "eps")))
+        x, w, eps = (get_arg_value(y, i, n) for i, n in enumerate(("x", "weight", "eps")))
         return NormMatch("mxfuse", x, None, w, constant_float(eps), y, None, y)
     if is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], ops.gemma_fused_add_rmsnorm.default):
         norm = y.args[0]
-        x, r, w, eps = (arg(norm, i, n) for i, n in enumerate(("x", "residual", "weight", "eps")))
+        x, r, w, eps = (get_arg_value(norm, i, n) for i, n in enumerate(("x", "residual", "weight", "eps")))
         return NormMatch("mxfuse", x, r, w, constant_float(eps), y, single_getitem(norm, 1), norm)
     return None
 
@@ -161,12 +168,20 @@ def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
     if not (hasattr(ns, "rms_norm") and hasattr(ns, "fused_add_rms_norm")):
         return None
     if is_call(y, ns.rms_norm.default):
-        norm, x, r, out_res = y, arg(y, 0, "x"), None, None
-        w, eps, vsize = arg(y, 1, "weight"), arg(y, 2, "epsilon"), arg(y, 3, "variance_size")
+        norm, x, r, out_res = y, get_arg_value(y, 0, "x"), None, None
+        w, eps, vsize = (
+            get_arg_value(y, 1, "weight"),
+            get_arg_value(y, 2, "epsilon"),
+            get_arg_value(y, 3, "variance_size"),
+        )
     elif is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], ns.fused_add_rms_norm.default):
         norm = y.args[0]
-        x, r = arg(norm, 0, "x"), arg(norm, 1, "x_residual")
-        w, eps, vsize = arg(norm, 2, "weight"), arg(norm, 3, "epsilon"), arg(norm, 4, "variance_size")
+        x, r = get_arg_value(norm, 0, "x"), get_arg_value(norm, 1, "x_residual")
+        w, eps, vsize = (
+            get_arg_value(norm, 2, "weight"),
+            get_arg_value(norm, 3, "epsilon"),
+            get_arg_value(norm, 4, "variance_size"),
+        )
         out_res = single_getitem(norm, 1)
     else:
         return None
@@ -253,5 +268,14 @@ def match_norm(y: fx.Node) -> NormMatch | None:
 
 def find_norms(graph: fx.Graph) -> list[NormMatch]:
     """Every Gemma norm output in the graph, in graph order."""
-    return [m for m in map(match_norm, graph.nodes) if m is not None]
+    return [m for m in map(match_norm, _candidates(graph)) if m is not None]
 
+
+def _candidates(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes a recognizer can anchor at (getitems, dtype casts, the norm ops), in graph order."""
+    targets = [operator.getitem, prims.convert_element_type.default, torch.ops.mxfuse.gemma_rmsnorm.default]
+    ns = torch.ops.vllm_ir
+    if hasattr(ns, "rms_norm"):
+        targets.append(ns.rms_norm.default)
+    found = {n for t in targets for n in graph.find_nodes(op="call_function", target=t)}
+    return [n for n in graph.nodes if n in found]

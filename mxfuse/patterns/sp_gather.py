@@ -52,35 +52,27 @@ not bf16/fp16, a vLLM quant that pads K, local codes/scales with other users.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
 
-from mxfuse.patterns.collectives import GatherMatch, match_all_gather
-from mxfuse.patterns.fx_utils import call, fake, getitem, is_call, redirect_uses, refresh_eager_input_vals, static_int
-from mxfuse.patterns.norm_quant import insert_fused_norm
+from mxfuse.patterns.collectives import GatherMatch, collective_ops, match_all_gather
+from mxfuse.patterns.fx_utils import fake, is_call, static_int
+from mxfuse.patterns.gather_checks import gather_reason, gathered_shapes_reason, rows_reason, shape_reads
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
-from mxfuse.patterns.quants import QuantMatch, match_quant, quant_reject_reason, quant_users
+from mxfuse.patterns.quants import QuantMatch, find_quants, quant_reject_reason, quant_users
+from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode
+
+if TYPE_CHECKING:
+    from mxfuse.passes.options import PassOptions
 
 NAME = "sp_gather"
 
 aten = torch.ops.aten
-FP8 = torch.float8_e4m3fn
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 # single-input view ops that may sit between a quant output and its gather (either side)
 _SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.cat.default)
 _VIEWS = (aten.view.dtype, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default)
-
-
-@dataclass(frozen=True)
-class QuantSite:
-    """Stands in for a NormMatch in a Skip when the quantized tensor is not a norm output."""
-
-    y: fx.Node
-
-    @property
-    def kind(self) -> str:
-        return "quant_input"
 
 
 @dataclass(frozen=True)
@@ -94,16 +86,29 @@ class PackedGather:
     keep_bf16_gather: bool
 
     @property
+    def site(self) -> fx.Node:
+        return self.norm.y
+
+    @property
     def replaced(self) -> list[fx.Node]:
         kept = [] if self.keep_bf16_gather else [self.gather.start]
         return [*kept, *(q.node for q in self.quants)]
 
     @property
-    def kind(self) -> str:
-        layouts = "+".join(sorted({"swizzled" if q.swizzled else "rowmajor" for q in self.quants}))
-        src = self.norm.kind if self.fuse_norm else f"{self.norm.kind}(unfused)"
-        extra = "+bf16_gather" if self.keep_bf16_gather else ""
-        return f"{src}->{self.gather.form}_gather:mxfp8_packed:{layouts}{extra}"
+    def kind(self) -> FusionKind:
+        writes_y = not self.fuse_norm or self.keep_bf16_gather
+        writes_y = writes_y or any(u is not self.gather.start for u in self.norm.y.users)
+        return FusionKind(
+            rewrite=NAME,
+            norm_kind=self.norm.kind,
+            fuses_norm=self.fuse_norm,
+            writes_y=writes_y,
+            packed_gather=True,
+            site="norm_gather",
+            layout="+".join(sorted({"swizzled" if q.swizzled else "rowmajor" for q in self.quants})),
+            gather_form=self.gather.form,
+            keeps_bf16_gather=self.keep_bf16_gather,
+        )
 
 
 @dataclass(frozen=True)
@@ -120,141 +125,104 @@ class GatheredQuant:
     fuse_norm: bool
 
     @property
+    def site(self) -> fx.Node:
+        return self.quant.x
+
+    @property
     def replaced(self) -> list[fx.Node]:
         return [self.quant.node, self.codes_gather.start, self.scales_gather.start]
 
     @property
-    def kind(self) -> str:
-        what = "repair:swizzled" if self.quant.swizzled else "two_gathers:rowmajor"
-        return f"{what}:{self.codes_gather.form}_gather->{'mxfp8_packed' if self.to == 'mxfp8' else 'bf16_gather'}"
+    def kind(self) -> FusionKind:
+        norm_kind = self.norm.kind if self.norm is not None else None
+        return FusionKind(
+            rewrite=NAME,
+            norm_kind=norm_kind,
+            fuses_norm=self.fuse_norm,
+            writes_y=self.to == "bf16" or (norm_kind is not None and not self.fuse_norm),
+            packed_gather=self.to == "mxfp8",
+            site="repair" if self.quant.swizzled else "two_gathers",
+            layout="swizzled" if self.quant.swizzled else "rowmajor",
+            quant_form=self.quant.form,
+            gather_form=self.codes_gather.form,
+        )
 
 
-@dataclass(frozen=True)
-class Skip:
-    norm: NormMatch | QuantSite
-    reason: str
+def _skip(norm: NormMatch | None, node: fx.Node, reason: Reason) -> Skip:
+    """A skip at a norm, or at a quant input that is not a norm (`norm` None)."""
+    return Skip(NAME, node, norm.kind if norm is not None else None, reason.code, reason.text)
 
 
-# ------------------------------------------------------------------ checks
+def _can_fuse(norm: NormMatch | None, options: PassOptions) -> bool:
+    return norm is not None and options.fuse_norm_quant and reject_reason(norm) is None
 
 
-def _rows_reason(t: torch.Tensor | None, what: str) -> str | None:
-    if t is None:
-        return f"no fake tensor on the {what} (graph not traced with shapes)"
-    if t.dim() != 2:
-        return f"the {what} is {t.dim()}-D; only 2-D rows [M, K] are gathered by this rewrite"
-    if t.dtype not in ACTIVATION_DTYPES:
-        return f"the {what} has dtype {t.dtype}; the packed quant takes bfloat16/float16"
-    k = static_int(t.shape[-1])
-    if k is None:
-        return f"hidden size {t.shape[-1]} of the {what} is symbolic"
-    if k % 32:
-        return f"hidden size K={k} of the {what} is not a multiple of 32"
-    return None
+class SpGather:
+    """Rewrite 2 (see the module docstring)."""
 
+    name = NAME
 
-def gather_reason(gather: GatherMatch, local: torch.Tensor | None = None) -> str | None:
-    """Why this gather cannot be rewritten (None: it can): dim, constants, row count."""
-    out = fake(gather.out)
-    dim = gather.dim
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        return f"gather dim {dim!r} is not a constant"
-    if out is None:
-        return "no fake tensor on the gathered output"
-    if dim % max(out.dim(), 1) != 0:
-        return f"the all-gather is along dim {dim}, not 0 (rows)"
-    ws = static_int(gather.world_size) if not isinstance(gather.world_size, bool) else None
-    if ws is None or ws < 1:
-        return f"world size {gather.world_size!r} is not a constant the pass can read"
-    if not isinstance(gather.group_name, str):
-        return f"group {gather.group_name!r} is not a constant group name the pass can read"
-    local = fake(gather.x) if local is None else local
-    if local is None or local.dim() != out.dim() or out.dim() == 0:
-        return "gathered and local tensors differ in rank"
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    if not statically_known_true(out.shape[0] == ws * local.shape[0]):
-        return f"gathered rows {out.shape[0]} are not world_size {ws} x local rows {local.shape[0]}"
-    if any(not statically_known_true(a == b) for a, b in zip(out.shape[1:], local.shape[1:])):
-        return "gathered and local tensors differ beyond dim 0"
-    return None
-
-
-def _can_fuse(norm: NormMatch | None, options) -> bool:
-    if norm is None or (options is not None and not options.fuse_norm_quant):
-        return False
-    return reject_reason(norm) is None
-
-
-def _mode(options) -> str:
-    return getattr(options, "sp_gather", "auto") if options is not None else "auto"
-
-
-# ------------------------------------------------------------------ plan
-
-
-def plan(graph: fx.Graph, options=None) -> tuple[list, list[Skip]]:
-    """Decide every rewrite without touching the graph."""
-    actions: list = []
-    skips: list[Skip] = []
-    for node in list(graph.nodes):
-        quant = match_quant(node)
-        if quant is not None:
+    def plan(self, graph: fx.Graph, options: PassOptions) -> list[PackedGather | GatheredQuant | Skip]:
+        """Decide every rewrite without touching the graph."""
+        if not any(graph.find_nodes(op="call_function", target=op) for op in collective_ops()):
+            return []
+        planned: list = []
+        for quant in find_quants(graph):
             verdict = plan_gathered_quant(quant, options)
             if verdict is not None:
-                (skips if isinstance(verdict, Skip) else actions).append(verdict)
-    for norm in find_norms(graph):
-        if not norm.y.users:
-            continue
-        for user in list(norm.y.users):
-            gather = match_all_gather(user)
-            if gather is not None and gather.x is norm.y:
-                verdict = plan_norm_gather(norm, gather, options)
-                (skips if isinstance(verdict, Skip) else actions).append(verdict)
-    return actions, skips
+                planned.append(verdict)
+        for norm in find_norms(graph):
+            for user in list(norm.y.users):
+                gather = match_all_gather(user)
+                if gather is not None and gather.x is norm.y:
+                    planned.append(plan_norm_gather(norm, gather, options))
+        return planned
+
+    def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant, options: PassOptions) -> fx.Node | None:
+        """Rewrite one planned site; returns the new collective (None: the plan no longer applies)."""
+        from mxfuse.patterns import sp_gather_apply
+
+        if isinstance(fusion, PackedGather):
+            return sp_gather_apply.apply_packed_gather(graph, fusion)
+        return sp_gather_apply.apply_gathered_quant(graph, fusion)
 
 
-def plan_norm_gather(norm: NormMatch, gather: GatherMatch, options=None) -> PackedGather | Skip:
+def plan_norm_gather(norm: NormMatch, gather: GatherMatch, options: PassOptions) -> PackedGather | Skip:
     """Form A: a norm whose output y is all-gathered, then quantized."""
-    mode = _mode(options)
-    reason = _rows_reason(fake(norm.y), "norm output") or gather_reason(gather)
+    mode = options.sp_gather
+
+    def no(code: SkipCode, text: str) -> Skip:
+        return _skip(norm, norm.y, Reason(code, text))
+
+    reason = rows_reason(fake(norm.y), "norm output") or gather_reason(gather)
     if reason is not None:
-        return Skip(norm, reason)
+        return _skip(norm, norm.y, reason)
     quants = quant_users(gather.out)
     if not quants:
         if any(is_call(u, *_SPLITS) for u in gather.out.users):
-            return Skip(norm, "the all-gather is followed by split/cat: a gather along a dim other than 0 (rows)")
-        return Skip(norm, "no MXFP8 quant reads the gathered rows")
+            return no(
+                SkipCode.GATHER_SPLIT,
+                "the all-gather is followed by split/cat: a gather along a dim other than 0 (rows)",
+            )
+        return no(SkipCode.NO_QUANT, "no MXFP8 quant reads the gathered rows")
     usable = tuple(q for q in quants if quant_reject_reason(q) is None)
     if not usable:
-        return Skip(norm, quant_reject_reason(quants[0]))
+        return _skip(norm, norm.y, quant_reject_reason(quants[0]))
     if mode == "bf16":
-        return Skip(norm, "sp_gather='bf16': the gather carries bf16 and the quant runs after it (kept)")
-    if _shape_reads(gather, dims_other_than_0=True):
-        return Skip(norm, "a shape read of the gathered tensor along dim != 0 (its width changes when packed)")
-    served = {q.node for q in usable} | set(_shape_reads(gather))
+        return no(SkipCode.MODE_KEEPS, "sp_gather='bf16': the gather carries bf16 and the quant runs after it (kept)")
+    if shape_reads(gather, dims_other_than_0=True):
+        return no(
+            SkipCode.SHAPE_READS, "a shape read of the gathered tensor along dim != 0 (its width changes when packed)"
+        )
+    served = {q.node for q in usable} | set(shape_reads(gather))
     others = [u for u in gather.out.users if u not in served]
     if others and mode == "auto":
         names = ", ".join(u.name for u in others[:3])
-        return Skip(norm, f"sp_gather='auto': the gathered bf16 has other users ({names}); it stays a bf16 gather")
+        return no(
+            SkipCode.OTHER_USERS,
+            f"sp_gather='auto': the gathered bf16 has other users ({names}); it stays a bf16 gather",
+        )
     return PackedGather(norm, gather, usable, _can_fuse(norm, options), bool(others))
-
-
-def _shape_reads(gather: GatherMatch, dims_other_than_0: bool = False) -> list[fx.Node]:
-    """`aten.sym_size.int` users of the collective or its output (dim 0 only, or only the others)."""
-    found = []
-    for node in {gather.start, gather.out}:
-        for u in node.users:
-            if is_call(u, aten.sym_size.int) and (u.args[1] != 0) == dims_other_than_0:
-                found.append(u)
-    return found
-
-
-def _rewire_shape_reads(gather: GatherMatch, new: fx.Node):
-    """Row-count reads of the old gather read the new one (same rows: W x local rows)."""
-    for u in _shape_reads(gather):
-        u.replace_input_with(u.args[0], new)
-        refresh_eager_input_vals(u)
 
 
 def _through_views(node: fx.Node) -> fx.Node:
@@ -268,7 +236,7 @@ def _through_views(node: fx.Node) -> fx.Node:
     return node
 
 
-def _gather_chain(node: fx.Node | None) -> tuple[GatherMatch, fx.Node] | None:
+def gather_chain(node: fx.Node | None) -> tuple[GatherMatch, fx.Node] | None:
     """`node` -> [views] -> all-gather -> [views]: (the gather, the node consumers read)."""
     if node is None:
         return None
@@ -281,161 +249,35 @@ def _gather_chain(node: fx.Node | None) -> tuple[GatherMatch, fx.Node] | None:
     return gather, _through_views(gather.out)
 
 
-def plan_gathered_quant(quant: QuantMatch, options=None) -> GatheredQuant | Skip | None:
+def plan_gathered_quant(quant: QuantMatch, options: PassOptions) -> GatheredQuant | Skip | None:
     """Form B: a quant whose codes and scales cross all-gathers (None: not this form)."""
-    codes_chain, scales_chain = _gather_chain(quant.codes), _gather_chain(quant.scales)
+    codes_chain, scales_chain = gather_chain(quant.codes), gather_chain(quant.scales)
     if codes_chain is None and scales_chain is None:
         return None
     norm = match_norm(quant.x) if isinstance(quant.x, fx.Node) else None
-    site = norm if norm is not None else QuantSite(quant.x)
+    site = norm.y if norm is not None else quant.x
     what = "swizzled" if quant.swizzled else "row-major"
     if codes_chain is None or scales_chain is None:
-        return Skip(site, f"only one of the {what} quant's codes/scales crosses an all-gather (or has other users)")
+        text = f"only one of the {what} quant's codes/scales crosses an all-gather (or has other users)"
+        return _skip(norm, site, Reason(SkipCode.PARTIAL_GATHER, text))
     (cg, codes_out), (sg, scales_out) = codes_chain, scales_chain
-    reason = _rows_reason(fake(quant.x), "quant input") or quant_reject_reason(quant)
+    reason = rows_reason(fake(quant.x), "quant input") or quant_reject_reason(quant)
     reason = reason or gather_reason(cg) or gather_reason(sg)
     if reason is None and (cg.form, cg.group_name, cg.world_size) != (sg.form, sg.group_name, sg.world_size):
-        reason = "codes and scales are gathered by different groups or collective families"
-    if reason is None and (_shape_reads(sg) or _shape_reads(sg, True) or _shape_reads(cg, True)):
-        reason = "shape reads of the gathered scales (or of the codes along dim != 0)"
+        text = "codes and scales are gathered by different groups or collective families"
+        reason = Reason(SkipCode.GROUP_MISMATCH, text)
+    if reason is None and (shape_reads(sg) or shape_reads(sg, True) or shape_reads(cg, True)):
+        reason = Reason(SkipCode.SHAPE_READS, "shape reads of the gathered scales (or of the codes along dim != 0)")
     if reason is None:
-        reason = _gathered_shapes_reason(quant, codes_out, scales_out, static_int(cg.world_size))
+        reason = gathered_shapes_reason(quant, codes_out, scales_out, static_int(cg.world_size))
     if reason is not None:
-        return Skip(site, f"{what} quant before an all-gather: {reason}")
-    mode = _mode(options)
+        return _skip(norm, site, reason.prefixed(f"{what} quant before an all-gather: "))
+    mode = options.sp_gather
     if mode == "bf16" and not quant.swizzled:
-        return Skip(site, "sp_gather='bf16': codes and row-major scales gathered separately are exact (kept)")
+        text = "sp_gather='bf16': codes and row-major scales gathered separately are exact (kept)"
+        return _skip(norm, site, Reason(SkipCode.MODE_KEEPS, text))
     to = "bf16" if mode == "bf16" else "mxfp8"
     return GatheredQuant(quant, norm, cg, codes_out, sg, scales_out, to, _can_fuse(norm, options) and to == "mxfp8")
-
-
-def _gathered_shapes_reason(quant: QuantMatch, codes_out: fx.Node, scales_out: fx.Node, ws: int) -> str | None:
-    """The gathered codes must read as fp8 `[W*M, K]`; gathered row-major scales as `[W*M, K/32]`."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    x, codes, scales = fake(quant.x), fake(codes_out), fake(scales_out)
-    if codes is None or scales is None:
-        return "no fake tensor on the gathered codes or scales"
-    m, k = x.shape
-    rows_ok = codes.dim() == 2 and statically_known_true(codes.shape[0] == ws * m)
-    if codes.dtype != FP8 or not rows_ok or codes.shape[1] != k:
-        return f"gathered codes are {tuple(codes.shape)} {codes.dtype}, not float8_e4m3fn [{ws}*{m}, {k}]"
-    if not quant.swizzled and (scales.dim() != 2 or not statically_known_true(scales.shape[0] == ws * m)):
-        return f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {k // 32}]"
-    if quant.swizzled and scales.dim() not in (1, 2):
-        return f"gathered swizzled scales are {scales.dim()}-D"
-    return None
-
-
-# ------------------------------------------------------------------ apply
-
-
-def apply(graph: fx.Graph, action, options=None) -> fx.Node | None:
-    """Rewrite one planned site; returns the new collective (None: the plan no longer applies)."""
-    if isinstance(action, PackedGather):
-        return _apply_packed_gather(graph, action, options)
-    if isinstance(action, GatheredQuant):
-        return _apply_gathered_quant(graph, action, options)
-    return None
-
-
-def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, fuse: bool, keep_y: bool) -> fx.Node:
-    """Insert the op that quantizes the local rows into a packed buffer; rewire the norm's outputs."""
-    mx = torch.ops.mxfuse
-    if not fuse:
-        with graph.inserting_after(x):
-            return call(graph, mx.mxfp8_quantize_packed.default, (x,))
-    out = insert_fused_norm(graph, norm, packed=True, emit_y=keep_y)
-    if keep_y:
-        redirect_uses(norm.y, out["y"])
-    return out["packed"]
-
-
-def _new_gather(graph: fx.Graph, like: GatherMatch, x: fx.Node) -> fx.Node:
-    """A gather of `x` of the same family, group and world size as `like`; returns the gathered node."""
-    start = call(graph, like.start.target, (x, *like.start.args[1:]), dict(like.start.kwargs))
-    start.meta["stack_trace"] = like.start.meta.get("stack_trace")
-    if like.form == "c10d":
-        return call(graph, like.out.target, (start,), dict(like.out.kwargs))
-    return start
-
-
-def _views(graph: fx.Graph, gathered: fx.Node, k: int) -> tuple[fx.Node, fx.Node]:
-    codes = call(graph, aten.slice.Tensor, (gathered, 1, 0, k))
-    codes = call(graph, aten.view.dtype, (codes, FP8))
-    scales = call(graph, aten.slice.Tensor, (gathered, 1, k, k + k // 32))
-    return codes, scales
-
-
-def _scales_for(graph: fx.Graph, rowmajor: fx.Node, swizzled: bool, flat: bool, cache: dict) -> fx.Node:
-    key = (swizzled, flat)
-    if key not in cache:
-        node = rowmajor
-        if swizzled:
-            node = call(graph, torch.ops.mxfuse.mxfp8_swizzle_scales.default, (node,))
-            if flat:
-                node = call(graph, aten.view.default, (node, [-1]))
-        cache[key] = node
-    return cache[key]
-
-
-def _apply_packed_gather(graph: fx.Graph, action: PackedGather, options) -> fx.Node | None:
-    norm = match_norm(action.norm.y)
-    if norm is None or action.gather.start not in norm.y.users:
-        return None
-    gather = action.gather
-    k = static_int(fake(norm.y).shape[-1])
-    others = [u for u in norm.y.users if u is not gather.start]
-    packed = _emit_packed(graph, norm, norm.y, action.fuse_norm, action.keep_bf16_gather or bool(others))
-    with graph.inserting_before(gather.out):
-        gathered = _new_gather(graph, gather, packed)
-        codes, scales = _views(graph, gathered, k)
-        if not action.keep_bf16_gather:
-            _rewire_shape_reads(gather, gathered)
-        cache: dict = {}
-        for q in action.quants:
-            if q.codes is not None:
-                redirect_uses(q.codes, codes)
-            if q.scales is not None:
-                redirect_uses(q.scales, _scales_for(graph, scales, q.swizzled, q.flat_swizzled_scales, cache))
-    return gathered
-
-
-def _apply_gathered_quant(graph: fx.Graph, action: GatheredQuant, options) -> fx.Node | None:
-    quant = match_quant(action.quant.node)
-    if quant is None:
-        return None
-    k = static_int(fake(quant.x).shape[-1])
-    swizzled = quant.swizzled
-    flat = fake(action.scales_out).dim() == 1
-    if action.to == "mxfp8":
-        norm = action.norm if action.fuse_norm else None
-        if norm is not None:
-            norm = match_norm(norm.y)
-        if norm is not None:
-            others = [u for u in norm.y.users if u is not quant.node]
-            packed = _emit_packed(graph, norm, norm.y, True, bool(others))
-        else:
-            packed = _emit_packed(graph, None, quant.x, False, True)
-        with graph.inserting_before(action.codes_gather.start):
-            gathered = _new_gather(graph, action.codes_gather, packed)
-            codes, scales = _views(graph, gathered, k)
-            scales = _scales_for(graph, scales, swizzled, flat, {})
-        new_codes, new_scales = codes, scales
-        result = gathered
-    else:  # bf16: gather the quant's input, quantize after the gather with the quant's own op and flags
-        with graph.inserting_before(action.codes_gather.start):
-            gathered = _new_gather(graph, action.codes_gather, quant.x)
-            new_quant = call(graph, quant.node.target, (gathered, *quant.node.args[1:]), dict(quant.node.kwargs))
-            new_codes, new_scales = getitem(graph, new_quant, 0), getitem(graph, new_quant, 1)
-            if fake(new_scales).dim() != fake(action.scales_out).dim():  # flattened (or unflattened) around the gather
-                shape = [-1] if flat else [-1, (k // 32 + 3) // 4 * 4]
-                new_scales = call(graph, aten.view.default, (new_scales, shape))
-        result = new_quant
-    _rewire_shape_reads(action.codes_gather, new_codes)
-    redirect_uses(action.codes_out, new_codes)
-    redirect_uses(action.scales_out, new_scales)
-    return result
 
 
 def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16):
@@ -443,17 +285,3 @@ def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16):
     from mxfuse.patterns.norm_quant import example_inputs as ex
 
     return ex(m, k, dtype)
-
-
-__all__ = [
-    "NAME",
-    "GatheredQuant",
-    "PackedGather",
-    "QuantSite",
-    "Skip",
-    "apply",
-    "gather_reason",
-    "plan",
-    "plan_gathered_quant",
-    "plan_norm_gather",
-]
