@@ -502,3 +502,22 @@ import torch.utils.cpp_extension  # what a compile would import next
     assert proc.returncode == 0, out
     assert proc.stdout.strip() == "mxfuse explain: --device cuda was asked for but no CUDA GPU is available"
     assert "No CUDA runtime" not in out
+
+
+def _rank_body_that_fails_on_rank_1(rank, world, port, word, events):
+    events.send("hello", word)
+    if rank == 1:
+        raise ValueError(f"rank {rank} of {world} gives up")
+    return word
+
+
+@pytest.mark.distributed
+def test_run_ranks_streams_events_and_reports_the_failing_rank():
+    """The spawn helper of the demo, tools and tests: events reach the parent; a failing rank ends the wait."""
+    from mxfuse.testing import RankFailed, run_ranks
+
+    seen = []
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(_rank_body_that_fails_on_rank_1, 2, timeout=120, args=("hi",), on_event=lambda r, e: seen.append(e))
+    assert failure.value.rank == 1 and "ValueError: rank 1 of 2 gives up" in failure.value.trace
+    assert ("hello", "hi") in seen

@@ -118,7 +118,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     options = pass_options_from(args, dump_dir=str(out_dir / "mxfuse"))
     pass_obj = RecordingPass(options)
     print(f"mxfuse dump: {target.description}; passes: {options_text(options)}", file=out)
-    written: list[Path] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -128,9 +127,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         report = pass_obj.merged_report()
         written = sorted(_files_under(out_dir) - existing)
         index = write_index(out_dir, written, target, options, report, codes)
-    finally:
+    finally:  # even a failed compile leaves a list, so that --force can clear what it wrote
         written = sorted(_files_under(out_dir) - existing - {Path(MANIFEST)})
-        (out_dir / MANIFEST).write_text(json.dumps({"files": [str(p) for p in written]}, indent=1) + "\n")
+        if written:
+            (out_dir / MANIFEST).write_text(json.dumps({"files": [str(p) for p in written]}, indent=1) + "\n")
     print(f"wrote {len(written)} files under {out_dir}", file=out)
     matched = ", ".join(f"{k} x{n}" for k, n in report.matched_text()) or "nothing"
     print(f"  passes matched: {matched}", file=out)
