@@ -521,3 +521,11 @@ def test_run_ranks_streams_events_and_reports_the_failing_rank():
         run_ranks(_rank_body_that_fails_on_rank_1, 2, timeout=120, args=("hi",), on_event=lambda r, e: seen.append(e))
     assert failure.value.rank == 1 and "ValueError: rank 1 of 2 gives up" in failure.value.trace
     assert ("hello", "hi") in seen
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs --device cuda to fail")
+def test_dump_that_fails_before_writing_leaves_an_empty_directory(tmp_path):
+    out = tmp_path / "new"
+    with pytest.raises(SystemExit, match="^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
+        main(["dump", "--out", str(out), "--device", "cuda"])
+    assert out.is_dir() and not any(out.iterdir())  # a second run needs no --force
