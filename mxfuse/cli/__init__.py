@@ -68,7 +68,3 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
 
     quiet_torch_imports()
     return args.run(args, out or sys.stdout)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
