@@ -19,7 +19,7 @@ from mxfuse.cli import args as cli_args
 from mxfuse.cli import build_parser, main
 from mxfuse.cli.demo import run_demo
 from mxfuse.cli.dump import MANIFEST, prepare_out_dir
-from mxfuse.cli.recording import MergedReport, kind_fields
+from mxfuse.cli.recording import MergedReport, kind_fields, skip_fields
 from mxfuse.cli.targets import pick_device
 from mxfuse.models import ModelConfig
 from mxfuse.passes import explain as ex
@@ -259,6 +259,24 @@ def test_pass_summary_reads_kinds_by_their_fields():
     assert report.fused_norms() == (4, 2)
     assert report.packed_gathers() == 4
     assert report.matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 2)
+
+
+class _Skip(NamedTuple):
+    """Stands in for core's `SkipRecord` (built in parallel)."""
+
+    rewrite: str
+    norm_kind: str | None
+    node: str
+    code: object
+    reason: str
+
+
+def test_skips_read_by_their_fields():
+    norm = _Skip("norm_quant", "hf:plain", "convert_element_type_5", None, "no MXFP8 quant reads its output")
+    quant = _Skip("sp_gather", None, "mxfp8_quantize_3", None, "a quant the fused op cannot stand in for")
+    assert tuple(skip_fields(norm)) == ("norm_quant", "hf:plain", "convert_element_type_5", norm.reason)
+    assert skip_fields(quant).norm_kind == "quant_input"  # the report's word for a site with no norm
+    assert tuple(skip_fields(("a", "b", "c", "d"))) == ("a", "b", "c", "d")  # until core lands: 4-tuples
 
 
 def test_kind_strings_read_like_the_typed_kinds():  # until core lands: today's report keys kinds by string

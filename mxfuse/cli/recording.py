@@ -44,7 +44,8 @@ def skip_fields(skip) -> SkipFields:
     """Read a `SkipRecord` of the pass report by its fields."""
     if isinstance(skip, tuple) and not hasattr(skip, "reason"):  # until core lands: 4-tuples
         return SkipFields(*skip)
-    return SkipFields(skip.rewrite, str(skip.norm_kind), str(skip.node), skip.reason)
+    norm_kind = skip.norm_kind if skip.norm_kind is not None else "quant_input"  # a quant input, no norm
+    return SkipFields(skip.rewrite, norm_kind, str(skip.node), skip.reason)
 
 
 @dataclass
