@@ -7,7 +7,8 @@ import io
 import pytest
 import torch
 
-from mxfuse import cli
+from mxfuse.cli.demo import run_demo
+from mxfuse.models import ModelConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,7 +19,7 @@ pytestmark = [
 def test_demo_cuda_times_graph_replays():
     torch.compiler.reset()
     buf = io.StringIO()
-    result = cli.run_demo(cli.ModelConfig.tiny(n_layers=1), 64, torch.device("cuda"), steps=3, out=buf)
+    result = run_demo(ModelConfig.tiny(n_layers=1), 64, torch.device("cuda"), steps=3, out=buf)
     out = buf.getvalue()
     assert result.passed, out
     assert [v.timing for v in result.variants] == ["cuda graph"] * 3, out

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import n_input_sets, time_cuda_graph  # noqa: E402
+from mxfuse.cli.timing import n_input_sets, time_cuda_graph
+from mxfuse.testing import RankFailed, bitwise_equal, run_ranks
 
 MS = [1, 16, 128, 512, 2048, 8192]
 VARIANTS = ["bf16", "bf16_swz", "mxfp8", "mxfp8_swz", "gather_bf16", "gather_packed"]
@@ -81,61 +80,53 @@ def _variants(k, world, group):
     }
 
 
-def _worker(rank, world, port, args, queue):
-    try:
-        import torch.distributed as dist
+def _worker(rank, world, port, args):
+    """One rank (spawned by `run_ranks`, MASTER_ADDR/PORT set): its rows of the table."""
+    import torch.distributed as dist
 
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
-        group = dist.group.WORLD
-        import mxfuse  # noqa: F401
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    group = dist.group.WORLD
+    import mxfuse  # noqa: F401
 
-        k = args.hidden
-        fns = _variants(k, world, group)
-        rows = []
-        for m in args.ms:
-            set_bytes = 2 * m * k * 2
-            n = min(n_input_sets(set_bytes), 16)
-            g = torch.Generator().manual_seed(1000 * rank + m)
-            sets = []
-            for _ in range(n):
-                x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
-                r = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
-                sets.append((x, r))
-            w = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(5))).to(torch.bfloat16).to(dev)
-            # exactness first: packed gather == bf16 gather then quant, bit for bit
-            q1, s1, _ = fns["bf16"](*sets[0], w)
-            q2, s2, _ = fns["mxfp8"](*sets[0], w)
-            _, s3, _ = fns["mxfp8_swz"](*sets[0], w)
-            _, s4, _ = fns["bf16_swz"](*sets[0], w)
-            exact = bool(
-                torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s1, s2) and torch.equal(s3, s4)
-            )
-            packed_bufs = [torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)[0] for x, r in sets]
-            row = {"m_local": m, "sets": n, "exact": exact}
-            for name in VARIANTS:
-                if name == "gather_packed":
-                    gfn = fns["gather_bf16"]
-                    calls = [lambda p=p: gfn(p, None, None) for p in packed_bufs]
-                else:
-                    fn = fns[name]
-                    calls = [lambda x=x, r=r, fn=fn: fn(x, r, w) for x, r in sets]
-                row[name] = time_collective_graph(calls)
-            row["bytes_bf16"] = m * k * 2
-            row["bytes_packed"] = m * (k + k // 32)
-            rows.append(row)
-            del sets, packed_bufs
-            torch.cuda.empty_cache()
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put((rank, rows, None))
-    except BaseException:
-        import traceback
-
-        queue.put((rank, None, traceback.format_exc()))
+    k = args.hidden
+    fns = _variants(k, world, group)
+    rows = []
+    for m in args.ms:
+        set_bytes = 2 * m * k * 2
+        n = min(n_input_sets(set_bytes), 16)
+        g = torch.Generator().manual_seed(1000 * rank + m)
+        sets = []
+        for _ in range(n):
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
+            r = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
+            sets.append((x, r))
+        w = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(5))).to(torch.bfloat16).to(dev)
+        # exactness first: packed gather == bf16 gather then quant, bit for bit
+        q1, s1, _ = fns["bf16"](*sets[0], w)
+        q2, s2, _ = fns["mxfp8"](*sets[0], w)
+        _, s3, _ = fns["mxfp8_swz"](*sets[0], w)
+        _, s4, _ = fns["bf16_swz"](*sets[0], w)
+        exact = bitwise_equal(q1, q2) and bitwise_equal(s1, s2) and bitwise_equal(s3, s4)
+        packed_bufs = [torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)[0] for x, r in sets]
+        row = {"m_local": m, "sets": n, "exact": exact}
+        for name in VARIANTS:
+            if name == "gather_packed":
+                gfn = fns["gather_bf16"]
+                calls = [lambda p=p: gfn(p, None, None) for p in packed_bufs]
+            else:
+                fn = fns[name]
+                calls = [lambda x=x, r=r, fn=fn: fn(x, r, w) for x, r in sets]
+            row[name] = time_collective_graph(calls)
+        row["bytes_bf16"] = m * k * 2
+        row["bytes_packed"] = m * (k + k // 32)
+        rows.append(row)
+        del sets, packed_bufs
+        torch.cuda.empty_cache()
+    dist.barrier()
+    dist.destroy_process_group()
+    return rows
 
 
 def table(rows, k, world) -> str:
@@ -201,30 +192,12 @@ def main(argv=None):
     if torch.cuda.device_count() < args.world:
         print(f"bench_sp: needs {args.world} CUDA GPUs, found {torch.cuda.device_count()}")
         return 1
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     t0 = time.time()
-    procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, queue)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    got = {}
     try:
-        for _ in range(args.world):
-            rank, rows, err = queue.get(timeout=900)
-            if err:
-                print(f"rank {rank} failed:\n{err}")
-                return 1
-            got[rank] = rows
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+        got = run_ranks(_worker, args.world, timeout=900, args=(args,))
+    except RankFailed as failure:
+        print(failure)
+        return 1
     rows = got[0]
     for r in rows:  # exact only if every rank saw exact bits
         r["exact"] = all(rr["exact"] for g in got.values() for rr in g if rr["m_local"] == r["m_local"])

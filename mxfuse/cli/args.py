@@ -1,0 +1,71 @@
+"""Arguments shared by the subcommands, and the checks that run before torch is imported.
+
+Nothing here imports torch: `mxfuse --help` and a bad argument must answer at once. The
+choice lists repeat the package's (`mxfuse.models.CONFIG_NAMES`, `mxfuse.passes.options.
+SP_GATHER_MODES`) because importing those modules imports torch; tests/test_cli.py checks
+that they agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+CONFIG_NAMES = ("tiny", "m3-flash-tp4")
+SP_GATHER_MODES = ("auto", "bf16", "mxfp8")
+MODEL_NAMES = ("reference", "hf-minimax-m3")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DEVICE = "auto"
+EXTRAS = {"depyf": "dump", "transformers": "hf"}  # optional dependency -> the extra that installs it
+
+
+def positive_int(text: str) -> int:
+    """argparse `type=` for counts: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def add_device_arg(p: argparse.ArgumentParser, what: str = "the reference model"):
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=DEFAULT_DEVICE,
+        help=f"where {what} runs (default {DEFAULT_DEVICE}: cuda when a GPU is usable, else cpu)",
+    )
+
+
+def add_pass_args(p: argparse.ArgumentParser):
+    p.add_argument("--sp-gather", choices=SP_GATHER_MODES, default="auto", help="pass option sp_gather (default auto)")
+    p.add_argument("--no-fuse-norm-quant", action="store_true", help="pass option fuse_norm_quant=False")
+
+
+def add_model_args(p: argparse.ArgumentParser):
+    """What `dump` and `explain` compile: the reference decoder or the tiny Hugging Face layer."""
+    p.add_argument("--model", choices=MODEL_NAMES, default="reference", help="what to compile (default: reference)")
+    p.add_argument("--tokens", type=positive_int, default=64, help="tokens (rows) of the input (default 64)")
+    p.add_argument("--config", choices=CONFIG_NAMES, default="tiny", help="reference model shapes (default: tiny)")
+    p.add_argument("--layers", type=positive_int, default=None, help="reference model: override the number of layers")
+    add_device_arg(p)
+    add_pass_args(p)
+
+
+def check_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """Reference-model flags given with the Hugging Face layer are an error, not silently ignored."""
+    if args.model == "reference":
+        return
+    if args.layers is not None:
+        parser.error(f"--layers applies to --model reference, not {args.model}")
+    if args.device == "cuda":
+        parser.error(f"--device cuda applies to --model reference; {args.model} runs on cpu")
+    require("transformers", f"{parser.prog} --model {args.model}")
+
+
+def require(module: str, who: str):
+    """A one-line error naming the extra to install when an optional dependency is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise SystemExit(f"{who} needs {module}: pip install 'mxfuse[{EXTRAS[module]}]'")

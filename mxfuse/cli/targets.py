@@ -1,0 +1,60 @@
+"""What `dump` and `explain` compile, on which device, with which pass options."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mxfuse.models import Model, ModelConfig, example_inputs
+from mxfuse.passes.options import PassOptions
+
+
+def pick_device(name: str, command: str) -> torch.device:
+    """`auto` -> cuda when a GPU is usable, else cpu; `cuda` without a GPU is an error of `command`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"mxfuse {command}: --device cuda was asked for but no CUDA GPU is available")
+    return torch.device(name)
+
+
+@dataclass
+class Target:
+    """What dump/explain compile: a callable, its input, and words about it."""
+
+    fn: Callable
+    x: torch.Tensor
+    description: str
+
+
+def build_target(args: argparse.Namespace, command: str) -> Target:
+    if args.model == "hf-minimax-m3":
+        try:
+            from mxfuse.hf import tiny_minimax_m3_example
+
+            fn, x = tiny_minimax_m3_example(args.tokens)
+        except ImportError as e:
+            raise SystemExit(
+                f"mxfuse {command} --model hf-minimax-m3 needs transformers with MiniMax-M3 ({e}): "
+                "pip install 'mxfuse[hf]'"
+            ) from None
+        desc = f"Hugging Face MiniMaxM3VLDecoderLayer (tiny: hidden 128, MXFP8 linears), {args.tokens} tokens, cpu"
+        return Target(fn, x, desc)
+    device = pick_device(args.device, command)
+    overrides = {"n_layers": args.layers} if args.layers is not None else {}
+    config = ModelConfig.by_name(args.config, **overrides)
+    model = Model(config, device=device).eval()
+    desc = f"reference decoder ({config.name}: hidden {config.hidden}, {config.n_layers} layers)"
+    desc += f", {args.tokens} tokens, {device}"
+    return Target(model, example_inputs(config, args.tokens, device), desc)
+
+
+def pass_options_from(args: argparse.Namespace, dump_dir: str | None = None) -> PassOptions:
+    return PassOptions(fuse_norm_quant=not args.no_fuse_norm_quant, sp_gather=args.sp_gather, dump_dir=dump_dir)
+
+
+def options_text(options: PassOptions) -> str:
+    return f"fuse_norm_quant={options.fuse_norm_quant}, sp_gather={options.sp_gather!r}"

@@ -1,0 +1,142 @@
+"""Checks shared by the `mxfuse` command, `tools/` and `tests/`: exact comparison, and N local ranks.
+
+- `bitwise_equal` / `assert_bitwise`: same shape, dtype and bits (NaN payloads and the sign
+  of zero included), the bar of every fused-vs-unfused check.
+- `run_ranks(body, world)`: `body(rank, world, port, *args)` on `world` spawned processes
+  (MASTER_ADDR/PORT set; the body sets up its own process group), results by rank; rank
+  events streamed to the parent as they happen (the demo's progress lines).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as an integer tensor of the same element size (contiguous)."""
+    if t.element_size() not in _INT_OF_SIZE:
+        raise TypeError(f"bits: no integer view for {t.dtype} ({t.element_size()} bytes per element)")
+    return t.contiguous().view(_INT_OF_SIZE[t.element_size()])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaNs with equal payloads compare equal, -0 != +0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(bits(a), bits(b))
+
+
+def assert_bitwise(actual, expected, what: str = "tensor"):
+    """`bitwise_equal`, for a tensor or (nested) tuples and lists of them; says where the bits differ."""
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), (what, type(actual))
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_bitwise(a, e, f"{what}[{i}]")
+        return
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
+        f"{what}: {tuple(actual.shape)} {actual.dtype} vs expected {tuple(expected.shape)} {expected.dtype}"
+    )
+    differ = bits(actual) != bits(expected)
+    if differ.any():
+        first = tuple(int(i) for i in differ.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(differ.sum())} of {differ.numel()} elements differ in their bits; first at {first}: "
+            f"{actual[first].item()!r} vs expected {expected[first].item()!r}"
+        )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankFailed(RuntimeError):
+    """A spawned rank raised; carries its rank and traceback."""
+
+    def __init__(self, rank: int, trace: str):
+        super().__init__(f"rank {rank} failed:\n{trace}")
+        self.rank, self.trace = rank, trace
+
+
+class RankEvents:
+    """Handed to a rank's body as `events=` when the parent listens: `events.send(...)` reaches `on_event`."""
+
+    def __init__(self, queue, rank: int):
+        self._queue, self.rank = queue, rank
+
+    def send(self, *payload):
+        self._queue.put(("event", self.rank, payload))
+
+
+def _rank_main(body, rank: int, world: int, port: int, queue, args: tuple, with_events: bool):
+    try:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        kwargs = {"events": RankEvents(queue, rank)} if with_events else {}
+        queue.put(("result", rank, body(rank, world, port, *args, **kwargs)))
+    except BaseException:  # noqa: BLE001 - report, never hang the parent
+        queue.put(("error", rank, traceback.format_exc()))
+
+
+def run_ranks(
+    body: Callable[..., Any],
+    world: int,
+    timeout: float,
+    args: tuple = (),
+    on_event: Callable[[int, tuple], None] | None = None,
+) -> dict[int, Any]:
+    """`{rank: body(rank, world, port, *args)}` from `world` spawned processes.
+
+    `body` must be a module-level function (spawn pickles it by name). With `on_event`, the
+    body also gets `events=` (a `RankEvents`) and the parent calls `on_event(rank, payload)`
+    for each event while it waits. The first rank that raises ends the wait: the others are
+    killed and `RankFailed` carries its traceback. `timeout` bounds the whole run (seconds).
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(body, r, world, port, queue, args, on_event is not None))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    failed = True
+    try:
+        while len(results) < world:
+            try:
+                kind, rank, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                raise TimeoutError(
+                    f"run_ranks: {world - len(results)} rank(s) gave no result in {timeout:.0f} s"
+                ) from None
+            if kind == "error":
+                raise RankFailed(rank, payload)
+            if kind == "event":
+                on_event(rank, payload)
+            else:
+                results[rank] = payload
+        failed = False
+    finally:
+        for p in procs:
+            if failed:
+                p.kill()
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return results
