@@ -25,6 +25,7 @@ from mxfuse.models import ModelConfig
 from mxfuse.passes import explain as ex
 from mxfuse.passes.analysis import CPP_KERNELS, TRITON_KERNELS, count_launches, total_launches
 from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.results import FusionKind, SkipCode, SkipRecord
 from mxfuse.testing import bitwise_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,35 +262,35 @@ def test_pass_summary_reads_kinds_by_their_fields():
     assert report.matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 2)
 
 
-class _Skip(NamedTuple):
-    """Stands in for core's `SkipRecord` (built in parallel)."""
-
-    rewrite: str
-    norm_kind: str | None
-    node: str
-    code: object
-    reason: str
-
-
 def test_skips_read_by_their_fields():
-    norm = _Skip("norm_quant", "hf:plain", "convert_element_type_5", None, "no MXFP8 quant reads its output")
-    quant = _Skip("sp_gather", None, "mxfp8_quantize_3", None, "a quant the fused op cannot stand in for")
+    code = SkipCode.NO_QUANT
+    norm = SkipRecord("norm_quant", "hf:plain", "convert_element_type_5", code, "no MXFP8 quant reads its output")
+    quant = SkipRecord("sp_gather", None, "mxfp8_quantize_3", SkipCode.QUANT_UNSUPPORTED, "a quant it cannot replace")
     assert tuple(skip_fields(norm)) == ("norm_quant", "hf:plain", "convert_element_type_5", norm.reason)
     assert skip_fields(quant).norm_kind == "quant_input"  # the report's word for a site with no norm
-    assert tuple(skip_fields(("a", "b", "c", "d"))) == ("a", "b", "c", "d")  # until core lands: 4-tuples
 
 
-def test_kind_strings_read_like_the_typed_kinds():  # until core lands: today's report keys kinds by string
-    expected = {
-        "mxfuse:plain->mxfuse_quant:rowmajor": (True, False, False),
-        "hf:fused_add->vllm_quant:swizzled+y": (True, True, False),
-        "mxfuse:fused_add->c10d_gather:mxfp8_packed:rowmajor": (True, False, True),
-        "mxfuse:fused_add(unfused)->c10d_gather:mxfp8_packed:rowmajor": (False, False, True),
-        "mxfuse:plain->vllm_gather:mxfp8_packed:rowmajor+bf16_gather": (True, True, True),
-        "repair:swizzled:c10d_gather->bf16_gather": (False, False, False),
-        "repair:swizzled:c10d_gather->mxfp8_packed": (False, False, True),
+def test_kinds_read_by_their_fields():
+    """The summaries read the typed kinds' fields; their strings are the report's."""
+    kinds = {
+        FusionKind("norm_quant", "mxfuse:plain", True, False, False, "norm_quant", quant_form="mxfuse"): (
+            "mxfuse:plain->mxfuse_quant:rowmajor",
+            (True, False, False),
+        ),
+        FusionKind("norm_quant", "hf:fused_add", True, True, False, "norm_quant", "swizzled", "vllm"): (
+            "hf:fused_add->vllm_quant:swizzled+y",
+            (True, True, False),
+        ),
+        FusionKind("sp_gather", "mxfuse:fused_add", False, False, True, "norm_gather", gather_form="c10d"): (
+            "mxfuse:fused_add(unfused)->c10d_gather:mxfp8_packed:rowmajor",
+            (False, False, True),
+        ),
+        FusionKind("sp_gather", None, False, False, True, "repair", "swizzled", gather_form="c10d"): (
+            "repair:swizzled:c10d_gather->mxfp8_packed",
+            (False, False, True),
+        ),
     }
-    assert {kind: tuple(kind_fields(kind)) for kind in expected} == expected
+    assert {str(k): tuple(kind_fields(k)) for k in kinds} == dict(kinds.values())
 
 
 def test_bitwise_equal_helper():

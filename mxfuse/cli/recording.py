@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, TextIO
 
@@ -34,16 +33,11 @@ class SkipFields(NamedTuple):
 
 def kind_fields(kind) -> KindFields:
     """Read a `FusionKind` of the pass report by its fields (never by its text)."""
-    if isinstance(kind, str):  # until core lands: the report still keys kinds by their string
-        fuses = bool(re.match(r"^\w+:(plain|fused_add)->", kind)) and "(unfused)" not in kind
-        return KindFields(fuses, fuses and ("+y" in kind or "+bf16_gather" in kind), "mxfp8_packed" in kind)
     return KindFields(kind.fuses_norm, kind.writes_y, kind.packed_gather)
 
 
 def skip_fields(skip) -> SkipFields:
     """Read a `SkipRecord` of the pass report by its fields."""
-    if isinstance(skip, tuple) and not hasattr(skip, "reason"):  # until core lands: 4-tuples
-        return SkipFields(*skip)
     norm_kind = skip.norm_kind if skip.norm_kind is not None else "quant_input"  # a quant input, no norm
     return SkipFields(skip.rewrite, norm_kind, str(skip.node), skip.reason)
 
