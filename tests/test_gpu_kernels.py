@@ -466,3 +466,62 @@ def test_out_views_are_written_in_place():
         tnq.fused_norm_quant(x, r, w, EPS, swizzled=True, out_scales=os_)
     with pytest.raises(ValueError):
         tnq.quantize(x, out_codes=oc[:5])
+
+
+# ------------------------------------------------------------------ kernel variants (tools/bench_kernels.py)
+
+
+def _variant_outputs(tnq, cfg, x, r, w, swizzled):
+    """(fused outputs, unfused outputs) of one variant: the fused kernel, and the same
+    variant's norm kernel followed by the quant kernel."""
+    fused_out = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, emit_y=True, config=cfg)
+    y, res = tnq.gemma_norm(x, r, w, EPS, config=cfg)
+    codes, scales = tnq.quantize(y, swizzled)
+    return fused_out, (codes, scales, res, y)
+
+
+@gpu_test
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("has_res", [True, False], ids=["add", "plain"])
+@pytest.mark.parametrize("k", kparams(160, 3072, 6144))
+def test_variants_bitwise(k, has_res, swizzled):
+    """Every benchmarked variant: fused == its unfused norm + quant, bitwise; a row gives
+    the same bits alone and inside a batch; and variants with the same arithmetic (`tree`,
+    `rsqrt`) give the same bits whatever else differs (quant_ops "hw" vs "explicit", the
+    in-place vs tl.store scale store, evict_first, the persistent grid)."""
+    if not HAS_CUDA:
+        pytest.skip("the Triton kernels need CUDA (no CPU path for the variants)")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    w = gemma_weight(k)
+    failures = []  # every variant is checked (one failing variant must not hide the others)
+    for m in (1, 37, 4096):
+        x, r = special_rows(m, k, seed=17 * k + m)
+        r = r if has_res else None
+        by_arith = {}
+        for name in tnq.VARIANTS:
+            cfg = tnq.variant(name, k)
+            try:
+                got, want = _variant_outputs(tnq, cfg, x, r, w, swizzled)
+                compare_all(got, want, f"{name} K={k} M={m} fused vs unfused")
+                first = by_arith.setdefault((cfg.tree, cfg.rsqrt), (name, got))
+                compare_all(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
+                if m > 1:  # the last row alone (M = 1) gives the row's bits in the batch
+                    alone = tnq.fused_norm_quant(x[-1:], None if r is None else r[-1:], w, EPS, swizzled=swizzled,
+                                                 emit_y=True, config=cfg)  # fmt: skip
+                    got_rows = _row_outputs(got, slice(m - 1, m), m, k, swizzled)
+                    compare_all(got_rows, _row_outputs(alone, slice(0, 1), 1, k, swizzled), f"{name} K={k} M={m} alone")
+            except AssertionError as e:
+                failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+def test_variant_names_are_checked():
+    pytest.importorskip("triton")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    with pytest.raises(ValueError, match="tree"):
+        tnq._code(tnq._TREES, "tree", "halves")
+    for name, cfg in tnq.VARIANTS.items():
+        assert tnq._code(tnq._TREES, "tree", cfg.tree) in (0, 1), name
+        assert tnq.variant(name, 6144).num_warps == tnq.norm_config(6144).num_warps

@@ -62,6 +62,10 @@ specialization so a new M never recompiles.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -70,7 +74,16 @@ FP8 = torch.float8_e4m3fn
 BLOCK = 32
 SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
-__all__ = ["fused_norm_quant", "gemma_norm", "quantize", "swizzle_scales"]
+__all__ = [
+    "NormConfig",
+    "QuantConfig",
+    "fused_norm_quant",
+    "gemma_norm",
+    "norm_config",
+    "quant_config",
+    "quantize",
+    "swizzle_scales",
+]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -90,14 +103,35 @@ def _pairwise_sum(v, BM: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr):
 
 
 @triton.jit
-def _load_chunk(ptr, rows, stride, cols, row_mask, K):
-    """`[BM, CH]` tile of rows `rows` and columns `cols` (zero outside the matrix)."""
-    mask = row_mask[:, None] & (cols < K)[None, :]
-    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+def _row_sum(v, BM: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr, TREE: tl.constexpr):
+    """Sum of squares of a row: the pairwise tree (TREE 0: layout-free) or Triton's own
+    reduction (TREE 1: fixed by the layout, i.e. by the launch config, which then must
+    depend on K alone)."""
+    if TREE == 0:
+        return _pairwise_sum(v, BM, N, LOG_N)
+    else:
+        return tl.sum(v, axis=1)
 
 
 @triton.jit
-def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, round_sum, HAS_RES: tl.constexpr):
+def _load_chunk(ptr, rows, stride, cols, row_mask, K, EVICT_FIRST: tl.constexpr):
+    """`[BM, CH]` tile of rows `rows` and columns `cols` (zero outside the matrix)."""
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    if EVICT_FIRST:
+        return tl.load(
+            ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        )
+    else:
+        return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_weight(w_ptr, cols, K, weight_offset):
+    return tl.load(w_ptr + cols[None, :], mask=(cols < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+
+
+@triton.jit
+def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr):
     """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES."""
     s = x.to(tl.float32)
     if HAS_RES:
@@ -105,48 +139,61 @@ def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, round_sum, HAS_RES: tl.con
         ro = s.to(x.dtype)
         mask = row_mask[:, None] & (cols < K)[None, :]
         tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
-        if round_sum != 0:
+        if ROUND_SUM:
             s = ro.to(tl.float32)
     return s
 
 
 @triton.jit
-def _rstd(ssq, K, eps, BM: tl.constexpr):
-    """`1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what torch's CPU ops compute)."""
+def _rstd(ssq, K, eps, BM: tl.constexpr, RSQRT: tl.constexpr):
+    """RSQRT 0: `1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what
+    torch's CPU ops compute); RSQRT 1: the hardware's approximate rsqrt of the same."""
     var = tl.math.div_rn(ssq, K.to(tl.float32))
-    return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+    if RSQRT == 0:
+        return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+    else:
+        return tl.math.rsqrt(var + eps)
 
 
 @triton.jit
 def _finish_chunk(
-    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-    dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr,
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+    dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
+    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
     y = ((s * rstd[:, None]) * w).to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
     offs = rows[:, None] * K + cols[None, :]
     if QUANT:
-        if emit_y != 0:
+        if EMIT_Y:
             tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
         # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
         q_offs = rows[:, None] * stride_q + cols[None, :]
         tl.store(q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
         scols = J * (CH // 32) + tl.arange(0, CH // 32)
-        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
+        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
-def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
-    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32)."""
+def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr):
+    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32).
+
+    QUANT_OPS 0 (hardware semantics, fewer instructions): `tl.max` is IEEE maxNum, which
+    skips NaN (a block of only NaN gives NaN, which the FLT_MIN floor, also maxNum, turns
+    into FLT_MIN), and the fp32 -> e4m3 cast is `cvt.rn.satfinite`, which maps +-Inf to
+    +-448 and keeps NaN. QUANT_OPS 1 spells both out (`where` before the max, a clamp
+    before the cast): the same bits, two instructions more per element.
+    """
     v3 = tl.reshape(v, [BM, BC // 32, 32])
     a = tl.abs(v3)
-    a = tl.where(a != a, 0.0, a)  # NaN does not take part in the amax
+    if QUANT_OPS == 1:
+        a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
     amax = tl.max(a, axis=2)
     amax = tl.maximum(amax, 1.1754943508222875e-38)  # FLT_MIN (smallest normal)
     bits = amax.to(tl.int32, bitcast=True)
@@ -159,173 +206,174 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
     mbits = tl.where(e == 0, 0x00400000, e << 23)  # e == 0: 2**-127 (subnormal)
     mult = mbits.to(tl.float32, bitcast=True)
     q = v3 * mult[:, :, None]
-    # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
-    # NaN (propagate_nan=ALL lowers to the NaN-propagating min/max, never NaN-dropping).
-    q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    if QUANT_OPS == 1:
+        # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
+        # NaN (propagate_nan=ALL lowers to the NaN-propagating min/max, never NaN-dropping).
+        q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     codes = tl.reshape(q.to(tl.float8e4nv), [BM, BC])
     return codes, sb
 
 
 @triton.jit
-def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s):
+def _store_u8_in_place(ptrs, val, mask):
+    """`st.global.u8` from the operand's own register layout.
+
+    `tl.store` would first move the scales (one per 32-element block, held by the 4 lanes
+    that reduced it) into the layout Triton's coalescing picks, through shared memory with
+    two barriers per chunk; the lanes holding copies of a scale store the same byte.
+    """
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.u8 [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [ptrs, val, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED: tl.constexpr, stride_s, SCALE_STORE: tl.constexpr):
     """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4 `[pad128(M), SP]` offsets."""
     r2 = rows[:, None]
     c2 = scols[None, :]
-    if swizzled != 0:
+    if SWIZZLED:
         off = (r2 // 128) * (SP * 128) + (c2 // 4) * 512 + (r2 % 32) * 16 + ((r2 // 32) % 4) * 4 + (c2 % 4)
         mask = (r2 < M_grid) & (c2 < SP)
     else:
         off = r2 * stride_s + c2
         mask = (r2 < M_grid) & (c2 < S)
-    tl.store(sc_ptr + off, sb.to(tl.uint8), mask=mask)
+    if SCALE_STORE == 0:
+        _store_u8_in_place(sc_ptr + off, sb, mask)
+    else:
+        tl.store(sc_ptr + off, sb.to(tl.uint8), mask=mask)
 
 
 # --------------------------------------------------------------------------- kernels
 
-_DNS = ["M", "M_grid", "round_sum", "emit_y", "swizzled"]
 
-
-@triton.jit(do_not_specialize=_DNS)
-def _norm_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    ro_ptr,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
-    M,
-    M_grid,
-    K,
-    stride_x,
-    stride_r,
-    stride_q,
-    stride_s,
-    S,
-    SP,
-    eps,
-    weight_offset,
-    round_sum,
-    emit_y,
-    swizzled,
-    HAS_RES: tl.constexpr,
-    QUANT: tl.constexpr,
-    BM: tl.constexpr,
-    RPP: tl.constexpr,
-    CH: tl.constexpr,
-    NCH: tl.constexpr,
-    LOG_CH: tl.constexpr,
-):
-    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
-
-    A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
-    held in registers. Program p handles RPP consecutive tiles of BM rows starting at row
-    p * RPP * BM; the weight is loaded once per program. All loads of a tile are issued
-    before any store, so the chunks' memory latencies overlap.
-    """
-    pid = tl.program_id(0)
+@triton.jit
+def _norm_tile(
+    tile, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q, stride_s,
+    S, SP, eps, weight_offset,
+    HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
+    TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    EVICT_FIRST: tl.constexpr,
+):  # fmt: skip
+    """BM whole rows: all loads (x, residual, weight) issued before any use, one pass."""
     dtype = x_ptr.dtype.element_ty
     ca = tl.arange(0, CH)
     cb = ca + CH
     cc = ca + 2 * CH
     cd = ca + 3 * CH
-    wa = tl.load(w_ptr + ca[None, :], mask=(ca < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    rows = tile.to(tl.int64) * BM + tl.arange(0, BM)
+    rm = rows < M
+    # ---- all loads first (no branch between them and their first use: the flags are
+    # constexpr, so the weight does not wait for the row's round trip)
+    xa = _load_chunk(x_ptr, rows, stride_x, ca, rm, K, EVICT_FIRST)
+    xb = xa
+    xc = xa
+    xd = xa
+    if NCH > 1:
+        xb = _load_chunk(x_ptr, rows, stride_x, cb, rm, K, EVICT_FIRST)
+    if NCH > 2:
+        xc = _load_chunk(x_ptr, rows, stride_x, cc, rm, K, EVICT_FIRST)
+    if NCH > 3:
+        xd = _load_chunk(x_ptr, rows, stride_x, cd, rm, K, EVICT_FIRST)
+    ra = xa
+    rb = xb
+    rc = xc
+    rd = xd
+    if HAS_RES:
+        ra = _load_chunk(r_ptr, rows, stride_r, ca, rm, K, EVICT_FIRST)
+        if NCH > 1:
+            rb = _load_chunk(r_ptr, rows, stride_r, cb, rm, K, EVICT_FIRST)
+        if NCH > 2:
+            rc = _load_chunk(r_ptr, rows, stride_r, cc, rm, K, EVICT_FIRST)
+        if NCH > 3:
+            rd = _load_chunk(r_ptr, rows, stride_r, cd, rm, K, EVICT_FIRST)
+    wa = _load_weight(w_ptr, ca, K, weight_offset)
     wb = wa
     wc = wa
     wd = wa
     if NCH > 1:
-        wb = tl.load(w_ptr + cb[None, :], mask=(cb < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+        wb = _load_weight(w_ptr, cb, K, weight_offset)
     if NCH > 2:
-        wc = tl.load(w_ptr + cc[None, :], mask=(cc < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+        wc = _load_weight(w_ptr, cc, K, weight_offset)
     if NCH > 3:
-        wd = tl.load(w_ptr + cd[None, :], mask=(cd < K)[None, :], other=0.0).to(tl.float32) + weight_offset
-    for i in range(RPP):
-        rows = (pid.to(tl.int64) * RPP + i) * BM + tl.arange(0, BM)
-        rm = rows < M
-        # ---- all loads first
-        xa = _load_chunk(x_ptr, rows, stride_x, ca, rm, K)
-        xb = xa
-        xc = xa
-        xd = xa
-        if NCH > 1:
-            xb = _load_chunk(x_ptr, rows, stride_x, cb, rm, K)
-        if NCH > 2:
-            xc = _load_chunk(x_ptr, rows, stride_x, cc, rm, K)
+        wd = _load_weight(w_ptr, cd, K, weight_offset)
+    # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
+    # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
+    # changes nothing), then the tree over the CH columns.
+    sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, HAS_RES, ROUND_SUM)
+    sb_ = sa
+    sc_ = sa
+    sd_ = sa
+    v = sa * sa
+    if NCH > 1:
+        sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, HAS_RES, ROUND_SUM)
+        v = v + sb_ * sb_
+    if NCH > 2:
+        sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, HAS_RES, ROUND_SUM)
         if NCH > 3:
-            xd = _load_chunk(x_ptr, rows, stride_x, cd, rm, K)
-        ra = xa
-        rb = xb
-        rc = xc
-        rd = xd
-        if HAS_RES:
-            ra = _load_chunk(r_ptr, rows, stride_r, ca, rm, K)
-            if NCH > 1:
-                rb = _load_chunk(r_ptr, rows, stride_r, cb, rm, K)
-            if NCH > 2:
-                rc = _load_chunk(r_ptr, rows, stride_r, cc, rm, K)
-            if NCH > 3:
-                rd = _load_chunk(r_ptr, rows, stride_r, cd, rm, K)
-        # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
-        # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
-        # changes nothing), then the pairwise tree over the CH columns.
-        sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, round_sum, HAS_RES)
-        sb_ = sa
-        sc_ = sa
-        sd_ = sa
-        v = sa * sa
-        if NCH > 1:
-            sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, round_sum, HAS_RES)
-            v = v + sb_ * sb_
-        if NCH > 2:
-            sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, round_sum, HAS_RES)
-            if NCH > 3:
-                sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, round_sum, HAS_RES)
-                v = v + (sc_ * sc_ + sd_ * sd_)
-            else:
-                v = v + sc_ * sc_
-        rstd = _rstd(_pairwise_sum(v, BM, CH, LOG_CH), K, eps, BM)
-        # ---- y (and quant) per chunk
-        _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                      dtype, QUANT, BM, CH, 0)  # fmt: skip
-        if NCH > 1:
-            _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 1)  # fmt: skip
-        if NCH > 2:
-            _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 2)  # fmt: skip
-        if NCH > 3:
-            _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 3)  # fmt: skip
+            sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, HAS_RES, ROUND_SUM)
+            v = v + (sc_ * sc_ + sd_ * sd_)
+        else:
+            v = v + sc_ * sc_
+    rstd = _rstd(_row_sum(v, BM, CH, LOG_CH, TREE), K, eps, BM, RSQRT)
+    # ---- y (and quant) per chunk
+    _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP,
+                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    if NCH > 1:
+        _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    if NCH > 2:
+        _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    if NCH > 3:
+        _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["M", "M_grid", "swizzled"])
+@triton.jit(do_not_specialize=["M", "M_grid", "n_tiles"])
+def _norm_kernel(
+    x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, n_tiles, K, stride_x, stride_r, stride_q, stride_s,
+    S, SP, eps, weight_offset,
+    HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
+    TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
+):  # fmt: skip
+    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
+
+    A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
+    held in registers. One tile of BM rows per program, or (PERSISTENT) tiles pid,
+    pid + grid, ... of the `n_tiles`.
+    """
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        for t in range(pid, n_tiles, tl.num_programs(0)):
+            _norm_tile(t, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+                       stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
+                       LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST)  # fmt: skip
+    else:
+        _norm_tile(pid, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+                   stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
+                   LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M", "M_grid"])
 def _quant_kernel(
-    x_ptr,
-    q_ptr,
-    sc_ptr,
-    M,
-    M_grid,
-    K,
-    stride_x,
-    stride_q,
-    stride_s,
-    S,
-    SP,
-    swizzled,
-    BM: tl.constexpr,
-    BC: tl.constexpr,
-):
+    x_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_q, stride_s, S, SP,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
     cols = pid_k * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS)
     tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], codes, mask=mask)
     scols = pid_k * (BC // 32) + tl.arange(0, BC // 32)
-    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
-
+    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
 
 
 @triton.jit(do_not_specialize=["M", "M_grid"])
@@ -336,7 +384,7 @@ def _swizzle_kernel(src_ptr, dst_ptr, M, M_grid, stride_src, S, SP, BR: tl.const
     cols = tl.program_id(1) * BS + tl.arange(0, BS)
     mask = (rows < M)[:, None] & (cols < S)[None, :]
     v = tl.load(src_ptr + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0)
-    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, 1, S)
+    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, True, S, 1)
 
 
 # --------------------------------------------------------------------------- launch configs
@@ -354,34 +402,115 @@ def _block_k(k: int) -> int:
     return max(128, _pow2(k))
 
 
-def row_config(block_k: int, m: int) -> tuple[int, int, int]:
-    """(rows per tile BM, tiles per program RPP, num_warps) for the norm / fused kernels.
+class NormConfig(NamedTuple):
+    """Launch shape and code variant of the norm / fused norm+quant kernel.
 
-    Any choice gives the same bits (the row arithmetic does not depend on it). Measured on
-    H200 (docs/perf_notes.md, sweep of run 2): ~32 values of the padded row per thread
-    (8 warps for K = 6144, 4 for K = 3072) was the fastest at every M measured (1, 64,
-    4096, 16384), for the fused and the unfused norm; 16 values per thread (more warps)
-    was slower even at M = 1, and RPP = 4 (weight loaded once per 4 rows) was slower
-    everywhere (2x at M = 1: the masked iterations still run; -5% at M = 16384: 127
-    registers halve the resident programs).
+    `tree` and `rsqrt` fix the arithmetic of a row: the fused and the unfused norm must be
+    launched with the same two values, and they must not change with M (batch invariance);
+    the default depends on K alone. Every other field only moves work between threads
+    or instructions: same bits.
+
+    - block_rows: rows per tile (BM); num_warps: warps per program.
+    - persistent: 0 = one program per tile; n = at most n programs per SM, looping over tiles.
+    - tree: "pairwise" (the layout-free tree of `_pairwise_sum`) or "native" (`tl.sum`).
+    - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx`).
+    - quant_ops: "hw" (maxNum skips NaN, the satfinite cast saturates Inf) or "explicit"
+      (`where` + clamp: same bits, 2 instructions more per element).
+    - scale_store: "in_place" (inline `st.global.u8` from the reduction's layout) or
+      "tl_store" (through Triton's coalescing: a shared-memory round trip per chunk).
+    - evict_first: evict_first hint on the x / residual loads (streamed once).
     """
-    del m
+
+    block_rows: int = 1
+    num_warps: int = 8
+    persistent: int = 0
+    tree: str = "pairwise"
+    rsqrt: str = "rn"
+    quant_ops: str = "hw"
+    scale_store: str = "in_place"
+    evict_first: bool = False
+
+
+class QuantConfig(NamedTuple):
+    """`[block_rows, block_cols]` tiles of the quant kernel, num_warps, and the code variant
+    (`quant_ops`, `scale_store` as in :class:`NormConfig`; same bits for every value)."""
+
+    block_rows: int = 4
+    block_cols: int = 1024
+    num_warps: int = 8
+    quant_ops: str = "hw"
+    scale_store: str = "in_place"
+
+
+_TREES = {"pairwise": 0, "native": 1}
+_RSQRTS = {"rn": 0, "approx": 1}
+_QUANT_OPS = {"hw": 0, "explicit": 1}
+_SCALE_STORES = {"in_place": 0, "tl_store": 1}
+
+
+def _code(table: dict, field: str, value) -> int:
+    if value not in table:
+        raise ValueError(f"triton_norm_quant: {field}={value!r} is not one of {sorted(table)}")
+    return table[value]
+
+
+def norm_config(k: int) -> NormConfig:
+    """Default config for rows of K values (a function of K alone: batch invariant).
+
+    Measured on H200 (docs/perf_notes.md): ~32 values of the padded row per thread (8
+    warps for K = 6144, 4 for K = 3072) at every M from 1 to 16384; more warps did not
+    help the latency-bound small M (the row's reduction then crosses more warps).
+    """
+    block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
-    return bm, 1, nw
+    return NormConfig(block_rows=bm, num_warps=nw)
 
 
-def quant_config(k: int, m: int) -> tuple[int, int, int]:
-    """(rows per program, columns per program, num_warps) for the quant kernel."""
+def row_config(block_k: int, m: int) -> tuple[int, int, int]:
+    """(rows per tile, tiles per program, num_warps) of the default config (kept for callers
+    that print it; the launch takes a :class:`NormConfig`)."""
+    del m
+    c = norm_config(block_k)
+    return c.block_rows, 1, c.num_warps
+
+
+def quant_config(k: int, m: int) -> QuantConfig:
+    """Default config of the quant kernel (any config gives the same bits)."""
     bc = min(1024, _block_k(k))
     bm = max(1, 4096 // bc)
     bm = max(1, min(bm, _pow2(max(m, 1))))
     nw = max(4, min(8, bm * bc // 512))
-    return bm, bc, nw
+    return QuantConfig(block_rows=bm, block_cols=bc, num_warps=nw)
 
 
-# Overrides used by tools/bench_kernels.py to sweep launch shapes: {"row": (bm, rpp, nw), "quant": (bm, bc, nw)}.
-CONFIG_OVERRIDE: dict = {}
+# Variants timed against each other by tools/bench_kernels.py and checked bitwise (fused ==
+# unfused, batch invariance) by tests/test_gpu_kernels.py; docs/perf_notes.md has the numbers.
+VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
+    {
+        "v3-ops": NormConfig(quant_ops="explicit", scale_store="tl_store"),
+        "pairwise": NormConfig(),
+        "native": NormConfig(tree="native"),
+        "native-approx": NormConfig(tree="native", rsqrt="approx"),
+        "native-evict": NormConfig(tree="native", evict_first=True),
+        "native-persist": NormConfig(tree="native", persistent=1),
+    }
+)
+
+
+def variant(name: str, k: int) -> NormConfig:
+    """`VARIANTS[name]` with the default launch shape for K (rows per tile, warps); a
+    persistent variant gets as many programs per SM as fit (the loop takes ~80 registers
+    a thread, from ptxas for sm_90: 3 programs of 8 warps)."""
+    base = norm_config(k)
+    cfg = VARIANTS[name]._replace(block_rows=base.block_rows, num_warps=base.num_warps)
+    if cfg.persistent:
+        cfg = cfg._replace(persistent=max(1, 65536 // (80 * 32 * cfg.num_warps)))
+    return cfg
+
+
+def _sm_count(dev: torch.device) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 # --------------------------------------------------------------------------- python entry points
@@ -389,7 +518,9 @@ CONFIG_OVERRIDE: dict = {}
 
 def _check2d(name: str, t: torch.Tensor):
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}")
+        raise ValueError(
+            f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}"
+        )
 
 
 def _out_views(m, k, swizzled, dev, out_codes, out_scales):
@@ -424,7 +555,7 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset,
-                 out_codes=None, out_scales=None):  # fmt: skip
+                 out_codes=None, out_scales=None, config: NormConfig | None = None):  # fmt: skip
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
@@ -447,25 +578,42 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         return codes, scales, res_out, y
     block_k = _block_k(k)
     ch = max(128, block_k // 4)
-    bm, rpp, nw = CONFIG_OVERRIDE.get("row") or row_config(block_k, m)
-    grid = (triton.cdiv(m_grid, bm * rpp),)
+    cfg = config or norm_config(k)
+    bm = cfg.block_rows
+    n_tiles = triton.cdiv(m_grid, bm)
+    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles,)
     r = residual if has_res else x
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
         codes if quant else x, scales if quant else x,
-        m, m_grid, k, x.stride(0), r.stride(0),
+        m, m_grid, n_tiles, k, x.stride(0), r.stride(0),
         _row_stride(codes, k) if quant else k, _row_stride(scales, s) if quant else s,
         s, sp, float(eps), float(weight_offset),
-        int(bool(round_sum and has_res)), int(bool(emit_y)), int(bool(swizzled)),
-        HAS_RES=has_res, QUANT=quant, BM=bm, RPP=rpp, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
-        num_warps=nw, enable_fp_fusion=False,
+        HAS_RES=has_res, QUANT=quant, ROUND_SUM=bool(round_sum and has_res), EMIT_Y=bool(emit_y and quant),
+        SWIZZLED=bool(quant and swizzled), BM=bm, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
+        TREE=_code(_TREES, "tree", cfg.tree), RSQRT=_code(_RSQRTS, "rsqrt", cfg.rsqrt),
+        QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
+        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store),
+        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent),
+        num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
 
 
-def gemma_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """Unfused Gemma norm: `(y, residual_out)` (residual_out is None without a residual)."""
-    _, _, res_out, y = _launch_norm(x, residual, weight, eps, False, False, False, False, 1.0)
+def gemma_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    config: NormConfig | None = None,
+):
+    """Unfused Gemma norm: `(y, residual_out)` (residual_out is None without a residual).
+
+    `config`: launch shape / variant (default :func:`norm_config`); its `tree` and `rsqrt`
+    must match the fused op's for the two to agree bitwise.
+    """
+    _, _, res_out, y = _launch_norm(x, residual, weight, eps, False, False, False, False, 1.0, config=config)
     return y, res_out
 
 
@@ -481,6 +629,7 @@ def fused_norm_quant(
     weight_offset: float = 1.0,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    config: NormConfig | None = None,
 ):
     """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`.
 
@@ -488,9 +637,10 @@ def fused_norm_quant(
     into these caller-provided 2-D views (any row stride, unit last stride), e.g.
     `packed[:, :K].view(float8_e4m3fn)` and `packed[:, K:]` of a row-packed byte buffer;
     they are returned as `codes` / `scales`. Only addresses change: same bits.
+    `config`: launch shape / variant (default :func:`norm_config`), as in :func:`gemma_norm`.
     """
     return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset,
-                        out_codes, out_scales)  # fmt: skip
+                        out_codes, out_scales, config)  # fmt: skip
 
 
 def quantize(
@@ -499,10 +649,12 @@ def quantize(
     *,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    config: QuantConfig | None = None,
 ):
     """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`).
 
     `out_codes` / `out_scales`: caller-provided output views, as in :func:`fused_norm_quant`.
+    `config`: tiles and variant (default :func:`quant_config`; every config gives the same bits).
     """
     _check2d("x", x)
     m, k = x.shape
@@ -513,12 +665,13 @@ def quantize(
     codes, scales = _out_views(m, k, swizzled, x.device, out_codes, out_scales)
     if m_grid == 0:
         return codes, scales
-    bm, bc, nw = CONFIG_OVERRIDE.get("quant") or quant_config(k, m)
+    cfg = config or quant_config(k, m)
+    bm, bc = cfg.block_rows, cfg.block_cols
     grid = (triton.cdiv(m_grid, bm), triton.cdiv(k, bc))
     _quant_kernel[grid](
-        x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s),
-        s, sp, int(bool(swizzled)),
-        BM=bm, BC=bc, num_warps=nw, enable_fp_fusion=False,
+        x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s), s, sp,
+        SWIZZLED=bool(swizzled), BM=bm, BC=bc, QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
+        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store), num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales
 
