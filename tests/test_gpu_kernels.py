@@ -47,6 +47,7 @@ def kparams(*ks):
         return list(ks)
     return [pytest.param(k, marks=pytest.mark.xdist_group(f"k{k}")) for k in ks]
 
+
 ops = torch.ops.mxfuse
 EPS = 1e-6
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -148,7 +149,9 @@ def fused(x, r, w, swizzled, emit_y=True, round_sum=False, weight_offset=1.0):
         codes, scales, y = ops.gemma_rmsnorm_mxfp8(x, w, EPS, swizzled, emit_y, weight_offset)
         res = None
     else:
-        codes, scales, res, y = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w, EPS, swizzled, emit_y, round_sum, weight_offset)
+        codes, scales, res, y = ops.gemma_fused_add_rmsnorm_mxfp8(
+            x, r, w, EPS, swizzled, emit_y, round_sum, weight_offset
+        )
     return codes, scales, res, y
 
 
@@ -196,7 +199,6 @@ def test_fused_equals_unfused(k, m, has_res, swizzled):
         assert out[1].shape == ((m + 127) // 128 * 128, (s + 3) // 4 * 4)
 
 
-
 @gpu_test
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("k", kparams(160, 3072))
@@ -229,7 +231,6 @@ def test_fused_equals_unfused_dtypes_and_weights(k, dtype):
         compare_all(a, b, f"row slice swz={swz}")
         compare_all(a, unfused(xs, rs, w, swz), f"row slice fused vs unfused swz={swz}")
         assert_bitwise(ops.mxfp8_quantize(xs, swz)[1], ops.mxfp8_quantize(xs.contiguous(), swz)[1], "quant row slice")
-
 
 
 # ------------------------------------------------------------------ batch invariance
@@ -277,7 +278,6 @@ def test_batch_invariance(k, has_res, swizzled):
         del out, fill_x, fill_r
 
 
-
 # ------------------------------------------------------------------ vs the CPU reference
 
 
@@ -285,7 +285,9 @@ def quant_inputs(m, k, dtype, seed=0, device=DEVICE):
     """Finite values exercising the scale formula: zeros, FLT_MIN and subnormals, exact
     powers of two and 448 * 2**e boundaries, the dtype's largest values, random scales."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-20, 20, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).reshape(m, k)
+    x = torch.randn(m, k, generator=g) * torch.exp2(
+        torch.randint(-20, 20, (m, k // 32, 1), generator=g).float()
+    ).repeat_interleave(32, 1).reshape(m, k)
     fmax = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
     nb = k // 32
@@ -336,7 +338,6 @@ def test_quant_matches_cpu_reference(m, k, dtype):
     assert cf[-1, 7] == 448.0 and cf[-1, 40 % k] == -448.0
 
 
-
 @gpu_test
 @pytest.mark.parametrize("m,s", [(1, 1), (2, 192), (37, 2), (128, 3), (300, 5), (129, 192), (130, 201), (4096, 96)])
 def test_swizzle_matches_cpu_reference(m, s):
@@ -344,7 +345,6 @@ def test_swizzle_matches_cpu_reference(m, s):
     out = ops.mxfp8_swizzle_scales(sc)
     assert_bitwise(out.cpu(), reference.swizzle_scales(sc.cpu()), "swizzle")
     assert_bitwise(reference.unswizzle_scales(out, m, s), sc, "unswizzle")
-
 
 
 def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -393,7 +393,6 @@ def test_norm_matches_cpu_reference(k, dtype):
     assert int(_ulp_distance(y_f.cpu()[~nan], ry[~nan]).max()) <= NORM_MAX_ULP
 
 
-
 @gpu_test
 def test_empty_batches():
     for k in (64, 160):
@@ -407,7 +406,6 @@ def test_empty_batches():
             c, s = ops.mxfp8_quantize(x, swz)
             assert c.shape == (0, k) and s.shape == ((0, (k // 32 + 3) // 4 * 4) if swz else (0, k // 32))
         assert ops.mxfp8_swizzle_scales(torch.empty(0, 5, dtype=torch.uint8, device=DEVICE)).shape == (0, 8)
-
 
 
 # ------------------------------------------------------------------ row-packed outputs

@@ -424,7 +424,7 @@ class NormConfig(NamedTuple):
     block_rows: int = 1
     num_warps: int = 8
     persistent: int = 0
-    tree: str = "pairwise"
+    tree: str = "native"
     rsqrt: str = "rn"
     quant_ops: str = "hw"
     scale_store: str = "in_place"
@@ -488,9 +488,9 @@ def quant_config(k: int, m: int) -> QuantConfig:
 # unfused, batch invariance) by tests/test_gpu_kernels.py; docs/perf_notes.md has the numbers.
 VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
     {
-        "v3-ops": NormConfig(quant_ops="explicit", scale_store="tl_store"),
-        "pairwise": NormConfig(),
-        "native": NormConfig(tree="native"),
+        "v3-ops": NormConfig(tree="pairwise", quant_ops="explicit", scale_store="tl_store"),
+        "pairwise": NormConfig(tree="pairwise"),
+        "native": NormConfig(),
         "native-approx": NormConfig(tree="native", rsqrt="approx"),
         "native-evict": NormConfig(tree="native", evict_first=True),
         "native-persist": NormConfig(tree="native", persistent=1),
