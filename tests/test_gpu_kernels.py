@@ -484,9 +484,10 @@ def _variant_outputs(tnq, cfg, x, r, w, swizzled):
 @pytest.mark.parametrize("k", kparams(160, 3072, 6144))
 def test_variants_bitwise(k, has_res, swizzled):
     """Every benchmarked variant: fused == its unfused norm + quant, bitwise; a row gives
-    the same bits alone and inside a batch; and variants with the same arithmetic (`tree`,
+    the same bits alone and inside a batch; variants with the same arithmetic (`tree`,
     `rsqrt`) give the same bits whatever else differs (quant_ops "hw" vs "explicit", the
-    in-place vs tl.store scale store, evict_first, the persistent grid)."""
+    in-place vs tl.store scale store, evict_first, the persistent grid, a row split over
+    programs, two rows per tile); y is within the CPU-reference bound."""
     if not HAS_CUDA:
         pytest.skip("the Triton kernels need CUDA (no CPU path for the variants)")
     from mxfuse.ops import triton_norm_quant as tnq
@@ -504,6 +505,14 @@ def test_variants_bitwise(k, has_res, swizzled):
                 compare_all(got, want, f"{name} K={k} M={m} fused vs unfused")
                 first = by_arith.setdefault((cfg.tree, cfg.rsqrt), (name, got))
                 compare_all(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
+                if m == 37:  # y vs the CPU reference: the bound of test_norm_matches_cpu_reference
+                    want_y = (reference.gemma_fused_add_rmsnorm(x.cpu(), r.cpu(), w.cpu(), EPS)[0] if r is not None
+                              else reference.gemma_rmsnorm(x.cpu(), w.cpu(), EPS))  # fmt: skip
+                    nan = want_y.isnan()
+                    assert torch.equal(got[3].cpu().isnan(), nan), f"{name} K={k}: NaN positions of y"
+                    d = _ulp_distance(got[3].cpu()[~nan], want_y[~nan])
+                    assert int(d.max()) <= NORM_MAX_ULP, f"{name} K={k}: y {int(d.max())} ulp from the CPU reference"
+                    assert (d > 0).float().mean().item() <= NORM_MAX_DIFF_FRACTION, f"{name} K={k}: y differs too often"
                 if m > 1:  # the last row alone (M = 1) gives the row's bits in the batch
                     alone = tnq.fused_norm_quant(x[-1:], None if r is None else r[-1:], w, EPS, swizzled=swizzled,
                                                  emit_y=True, config=cfg)  # fmt: skip

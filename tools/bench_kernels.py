@@ -5,8 +5,9 @@ calls cycling through enough input sets to not sit in L2, L2 flushed before each
 median of 7 replays), all in ONE run:
 
 - for every kernel variant (`triton_norm_quant.VARIANTS`, passed to the kernels as an
-  explicit `NormConfig`): fused add-norm+quant and fused plain norm+quant, row-major and
-  swizzled scales; unfused = the same variant's norm kernel then the quant kernel;
+  explicit `NormConfig`) and `default` (no config: what the ops run, `norm_config(K, M)`):
+  fused add-norm+quant and fused plain norm+quant, row-major and swizzled scales;
+  unfused = the same variant's norm kernel then the quant kernel;
 - baselines: Liger-Kernel's Gemma-mode norms ALONE (`fused_add_rms_norm_forward` /
   `rms_norm_forward`, offset 1.0, casting "gemma"; no quantization at all) and Liger's
   norm followed by the project's quant; `torch.compile` of the plain PyTorch reference
@@ -41,6 +42,7 @@ MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 EPS = 1e-6
 DT = torch.bfloat16
 KINDS = ("add", "plain")
+DEFAULT = "default"  # the ops' own config choice (norm_config(K, M))
 
 
 def _pad(n, m):
@@ -137,7 +139,7 @@ def bench_point(k, m, variants, compiled=None, log=print):
             res[name] = float("nan")
 
     for vname in variants:
-        cfg = tnq.variant(vname, k)
+        cfg = None if vname == DEFAULT else tnq.variant(vname, k)
         for swz in (False, True):
             sfx = "_swz" if swz else ""
             t(
@@ -287,15 +289,14 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory for kernels_bench.md / .json / .png")
     ap.add_argument("--ks", default=",".join(map(str, KS)))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--variants", default=",".join(tnq.VARIANTS), help="variants to time (names of VARIANTS)")
-    ap.add_argument("--variant", default=None, help="variant of the main table (default: the library default)")
+    ap.add_argument("--variants", default=",".join([DEFAULT, *tnq.VARIANTS]), help="variants to time (VARIANTS names)")
+    ap.add_argument("--variant", default=DEFAULT, help="variant of the main table (default: the ops' own choice)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile baseline")
     ap.add_argument("--tables", default=None, help="re-render the tables of a saved kernels_bench.json")
     ap.add_argument("--gemm", action="store_true", help="then run tools/bench_gemm.py (GEMM rows)")
     ap.add_argument("--gemm-args", default="", help="extra arguments for bench_gemm.py, one string")
     args = ap.parse_args(argv)
-    default_name = next((n for n, c in tnq.VARIANTS.items() if c == tnq.NormConfig()), None)
-    vname = args.variant or default_name
+    vname = args.variant
     if args.tables:
         with open(args.tables) as f:
             data = json.load(f)
@@ -304,7 +305,7 @@ def main(argv=None):
             save(args.out, data, vname)
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants + [vname] if v not in tnq.VARIANTS]
+    unknown = [v for v in [*variants, vname] if v != DEFAULT and v not in tnq.VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {list(tnq.VARIANTS)}")
     if not torch.cuda.is_available():

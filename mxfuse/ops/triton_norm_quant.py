@@ -131,14 +131,21 @@ def _load_weight(w_ptr, cols, K, weight_offset):
 
 
 @triton.jit
-def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr):
-    """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES."""
+def _sum_chunk(
+    x, r, ro_ptr, rows, cols, row_mask, K, part,
+    HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr, J: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES
+    (only the program `part` that owns chunk J when a row is split over SPLIT programs)."""
     s = x.to(tl.float32)
     if HAS_RES:
         s = s + r.to(tl.float32)
         ro = s.to(x.dtype)
         mask = row_mask[:, None] & (cols < K)[None, :]
-        tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
+        if SPLIT == 1:  # noqa: SIM114  (constexpr: no runtime branch when a row is not split)
+            tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
+        elif part == J % SPLIT:
+            tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
         if ROUND_SUM:
             s = ro.to(tl.float32)
     return s
@@ -147,16 +154,36 @@ def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, HAS_RES: tl.constexpr, ROU
 @triton.jit
 def _rstd(ssq, K, eps, BM: tl.constexpr, RSQRT: tl.constexpr):
     """RSQRT 0: `1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what
-    torch's CPU ops compute); RSQRT 1: the hardware's approximate rsqrt of the same."""
+    torch's CPU ops compute: three dependent IEEE operations, ~0.1 µs of a decode-sized
+    launch); RSQRT 1: `rsqrt.approx.f32` of the same (one MUFU op, relative error
+    < 2**-22; not the `.ftz` form `tl.math.rsqrt` emits, which turns a subnormal
+    `ssq / K + eps` (eps = 0) into +Inf)."""
     var = tl.math.div_rn(ssq, K.to(tl.float32))
     if RSQRT == 0:
         return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
     else:
-        return tl.math.rsqrt(var + eps)
+        return tl.inline_asm_elementwise(
+            "rsqrt.approx.f32 $0, $1;", "=r,r", [var + eps], dtype=tl.float32, is_pure=True, pack=1
+        )
 
 
 @triton.jit
 def _finish_chunk(
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, part,
+    dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
+    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Chunk J (columns J*CH ..), by the program that owns it: see :func:`_finish_owned`."""
+    if SPLIT == 1:  # noqa: SIM114  (constexpr: no runtime branch when a row is not split)
+        _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    elif part == J % SPLIT:
+        _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+
+
+@triton.jit
+def _finish_owned(
     s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
     dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
     CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
@@ -250,14 +277,20 @@ def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED: tl.constexpr
 
 @triton.jit
 def _norm_tile(
-    tile, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q, stride_s,
+    tile, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q, stride_s,
     S, SP, eps, weight_offset,
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
     SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
     TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
-    EVICT_FIRST: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """BM whole rows: all loads (x, residual, weight) issued before any use, one pass."""
+    """BM whole rows: all loads (x, residual, weight) issued before any use, one pass.
+
+    SPLIT > 1: this program (`part` of SPLIT) reads and reduces the whole rows like every
+    other part (the same code, so the same bits), but normalizes, quantizes and stores
+    only the chunks J with J % SPLIT == part: at decode sizes a row's tail work is spread
+    over SPLIT SMs; the extra reads of the row hit L2.
+    """
     dtype = x_ptr.dtype.element_ty
     ca = tl.arange(0, CH)
     cb = ca + CH
@@ -302,34 +335,34 @@ def _norm_tile(
     # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
     # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
     # changes nothing), then the tree over the CH columns.
-    sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, HAS_RES, ROUND_SUM)
+    sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, part, HAS_RES, ROUND_SUM, 0, SPLIT)
     sb_ = sa
     sc_ = sa
     sd_ = sa
     v = sa * sa
     if NCH > 1:
-        sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, HAS_RES, ROUND_SUM)
+        sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, part, HAS_RES, ROUND_SUM, 1, SPLIT)
         v = v + sb_ * sb_
     if NCH > 2:
-        sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, HAS_RES, ROUND_SUM)
+        sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, part, HAS_RES, ROUND_SUM, 2, SPLIT)
         if NCH > 3:
-            sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, HAS_RES, ROUND_SUM)
+            sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, part, HAS_RES, ROUND_SUM, 3, SPLIT)
             v = v + (sc_ * sc_ + sd_ * sd_)
         else:
             v = v + sc_ * sc_
     rstd = _rstd(_row_sum(v, BM, CH, LOG_CH, TREE), K, eps, BM, RSQRT)
     # ---- y (and quant) per chunk
-    _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP,
-                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
     if NCH > 1:
-        _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE)  # fmt: skip
+        _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
     if NCH > 2:
-        _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE)  # fmt: skip
+        _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
     if NCH > 3:
-        _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE)  # fmt: skip
+        _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "M_grid", "n_tiles"])
@@ -339,7 +372,7 @@ def _norm_kernel(
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
     SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
     TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
-    EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
@@ -348,15 +381,16 @@ def _norm_kernel(
     pid + grid, ... of the `n_tiles`.
     """
     pid = tl.program_id(0)
+    part = tl.program_id(1)
     if PERSISTENT:
         for t in range(pid, n_tiles, tl.num_programs(0)):
-            _norm_tile(t, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+            _norm_tile(t, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
                        stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
-                       LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST)  # fmt: skip
+                       LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT)  # fmt: skip
     else:
-        _norm_tile(pid, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+        _norm_tile(pid, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
                    stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
-                   LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST)  # fmt: skip
+                   LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "M_grid"])
@@ -411,9 +445,11 @@ class NormConfig(NamedTuple):
     or instructions: same bits.
 
     - block_rows: rows per tile (BM); num_warps: warps per program.
+    - split: programs per tile; > 1: each reads and reduces the whole rows and finishes
+      (normalizes, quantizes, stores) every split-th chunk (decode sizes).
     - persistent: 0 = one program per tile; n = at most n programs per SM, looping over tiles.
     - tree: "pairwise" (the layout-free tree of `_pairwise_sum`) or "native" (`tl.sum`).
-    - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx`).
+    - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx.f32`).
     - quant_ops: "hw" (maxNum skips NaN, the satfinite cast saturates Inf) or "explicit"
       (`where` + clamp: same bits, 2 instructions more per element).
     - scale_store: "in_place" (inline `st.global.u8` from the reduction's layout) or
@@ -423,9 +459,10 @@ class NormConfig(NamedTuple):
 
     block_rows: int = 1
     num_warps: int = 8
+    split: int = 1
     persistent: int = 0
     tree: str = "native"
-    rsqrt: str = "rn"
+    rsqrt: str = "approx"
     quant_ops: str = "hw"
     scale_store: str = "in_place"
     evict_first: bool = False
@@ -454,17 +491,30 @@ def _code(table: dict, field: str, value) -> int:
     return table[value]
 
 
-def norm_config(k: int) -> NormConfig:
-    """Default config for rows of K values (a function of K alone: batch invariant).
+# Up to this many rows a row is split over one program per chunk (docs/perf_notes.md).
+SPLIT_MAX_ROWS = 128
 
-    Measured on H200 (docs/perf_notes.md): ~32 values of the padded row per thread (8
-    warps for K = 6144, 4 for K = 3072) at every M from 1 to 16384; more warps did not
-    help the latency-bound small M (the row's reduction then crosses more warps).
+
+def _chunks(k: int) -> tuple[int, int]:
+    """(CH, NCH): a row is NCH chunks of CH columns, CH = max(128, next_pow2(K) / 4)."""
+    ch = max(128, _block_k(k) // 4)
+    return ch, -(-k // ch)
+
+
+def norm_config(k: int, m: int | None = None) -> NormConfig:
+    """Default config for M rows of K values.
+
+    The arithmetic (`tree`, `rsqrt`) and the layout of a row (rows per tile, warps) depend
+    on K alone, so the reduction tree is fixed per K (batch invariant); M only chooses
+    how many programs share a row (`split`, same bits). Measured on H200
+    (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
+    4 for K = 3072) at every M from 1 to 16384.
     """
     block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
-    return NormConfig(block_rows=bm, num_warps=nw)
+    split = _chunks(k)[1] if m is not None and m <= SPLIT_MAX_ROWS else 1
+    return NormConfig(block_rows=bm, num_warps=nw, split=split)
 
 
 def row_config(block_k: int, m: int) -> tuple[int, int, int]:
@@ -488,22 +538,32 @@ def quant_config(k: int, m: int) -> QuantConfig:
 # unfused, batch invariance) by tests/test_gpu_kernels.py; docs/perf_notes.md has the numbers.
 VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
     {
-        "v3-ops": NormConfig(tree="pairwise", quant_ops="explicit", scale_store="tl_store"),
-        "pairwise": NormConfig(tree="pairwise"),
+        "v3-ops": NormConfig(tree="pairwise", rsqrt="rn", quant_ops="explicit", scale_store="tl_store"),
+        "pairwise": NormConfig(tree="pairwise", rsqrt="rn"),
+        "native-rn": NormConfig(rsqrt="rn"),
+        "native-rn-split": NormConfig(rsqrt="rn", split=2),
         "native": NormConfig(),
-        "native-approx": NormConfig(tree="native", rsqrt="approx"),
-        "native-evict": NormConfig(tree="native", evict_first=True),
-        "native-persist": NormConfig(tree="native", persistent=1),
+        "native-split": NormConfig(split=2),
+        "native-2rows": NormConfig(block_rows=2),
+        "native-evict": NormConfig(evict_first=True),
+        "native-persist": NormConfig(persistent=1),
     }
 )
 
 
 def variant(name: str, k: int) -> NormConfig:
-    """`VARIANTS[name]` with the default launch shape for K (rows per tile, warps); a
-    persistent variant gets as many programs per SM as fit (the loop takes ~80 registers
-    a thread, from ptxas for sm_90: 3 programs of 8 warps)."""
+    """`VARIANTS[name]` with the default launch shape for K: its block_rows multiply a
+    one-row default tile (K >= 2048; the rows then sit in registers of the same threads,
+    the same per-row layout), split > 1 means one program per chunk, and a persistent variant
+    gets as many programs per SM as fit (the loop takes ~80 registers a thread, from
+    ptxas for sm_90: 3 programs of 8 warps)."""
     base = norm_config(k)
-    cfg = VARIANTS[name]._replace(block_rows=base.block_rows, num_warps=base.num_warps)
+    entry = VARIANTS[name]
+    cfg = entry._replace(
+        block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
+        num_warps=base.num_warps,
+        split=_chunks(k)[1] if entry.split > 1 else 1,
+    )
     if cfg.persistent:
         cfg = cfg._replace(persistent=max(1, 65536 // (80 * 32 * cfg.num_warps)))
     return cfg
@@ -576,12 +636,13 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         raise ValueError("triton_norm_quant: out_codes / out_scales need quant")
     if m_grid == 0:
         return codes, scales, res_out, y
-    block_k = _block_k(k)
-    ch = max(128, block_k // 4)
-    cfg = config or norm_config(k)
+    ch, nch = _chunks(k)
+    cfg = config or norm_config(k, m)
     bm = cfg.block_rows
     n_tiles = triton.cdiv(m_grid, bm)
-    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles,)
+    if cfg.persistent and cfg.split > 1:
+        raise ValueError(f"triton_norm_quant: a persistent grid does not split rows, got {cfg}")
+    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles, max(1, cfg.split))
     r = residual if has_res else x
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
@@ -590,11 +651,11 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         _row_stride(codes, k) if quant else k, _row_stride(scales, s) if quant else s,
         s, sp, float(eps), float(weight_offset),
         HAS_RES=has_res, QUANT=quant, ROUND_SUM=bool(round_sum and has_res), EMIT_Y=bool(emit_y and quant),
-        SWIZZLED=bool(quant and swizzled), BM=bm, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
+        SWIZZLED=bool(quant and swizzled), BM=bm, CH=ch, NCH=nch, LOG_CH=ch.bit_length() - 1,
         TREE=_code(_TREES, "tree", cfg.tree), RSQRT=_code(_RSQRTS, "rsqrt", cfg.rsqrt),
         QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
         SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store),
-        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent),
+        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent), SPLIT=max(1, cfg.split),
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
