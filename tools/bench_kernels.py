@@ -154,6 +154,8 @@ def bench_point(k, m, variants, compiled=None, log=print):
               lambda x, r, s=swz, c=cfg: tnq.quantize(tnq.gemma_norm(x, r, w, EPS, config=c)[0], s))  # fmt: skip
             t(f"{vname}/unfused_plain{sfx}",
               lambda x, r, s=swz, c=cfg: tnq.quantize(tnq.gemma_norm(x, None, w, EPS, config=c)[0], s))  # fmt: skip
+    for kind, res_of in (("add", lambda r: r), ("plain", lambda r: None)):  # the project's norm alone (writes y)
+        t(f"norm_{kind}", lambda x, r, f=res_of: tnq.gemma_norm(x, f(r), w, EPS))
     liger = liger_norms()
     if liger is not None:
         add_norm, norm = liger
@@ -210,13 +212,14 @@ def tables(results, copy_tbs, vname):
 def variant_table(results, variants):
     """µs of every variant's fused kernels, next to Liger alone (same run)."""
     cols = [(v, kind, swz) for kind in KINDS for swz in ("", "_swz") for v in variants]
-    out = ["\n### variants: fused kernels, µs per call (Liger alone for reference)\n"]
+    out = ["\n### variants: fused kernels, µs per call (Liger's and the project's norms alone for reference)\n"]
     head = " | ".join(f"{v} {kind}{swz}" for v, kind, swz in cols)
-    out.append(f"| K | M | Liger add | Liger plain | {head} |")
-    out.append("|---|---|---|---|" + "---|" * len(cols))
+    out.append(f"| K | M | Liger add | Liger plain | our norm alone add | our norm alone plain | {head} |")
+    out.append("|---|---|---|---|---|---|" + "---|" * len(cols))
     for r in results:
         cells = " | ".join(f"{_g(r, f'{v}/fused_{kind}{swz}'):.2f}" for v, kind, swz in cols)
-        out.append(f"| {r['K']} | {r['M']} | {_g(r, 'liger_add'):.2f} | {_g(r, 'liger_plain'):.2f} | {cells} |")
+        base = " | ".join(f"{_g(r, key):.2f}" for key in ("liger_add", "liger_plain", "norm_add", "norm_plain"))
+        out.append(f"| {r['K']} | {r['M']} | {base} | {cells} |")
     return "\n".join(out)
 
 
