@@ -261,6 +261,30 @@ def plot(results, copy_tbs, vname, path):
     return path
 
 
+def as_current_default(data):
+    """`data` with the `default/...` entries of each row taken from the measured variant
+    that today's `norm_config(K, M, swizzled)` equals (the run's own `default/...` kept as
+    `run-default/...`): a saved run re-read after the dispatch changed, same-run numbers."""
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    out = {**data, "results": []}
+    for r in data["results"]:
+        r = dict(r)
+        k, m = r["K"], r["M"]
+        names = {swz: tnq.variant_of(tnq.norm_config(k, m, swz), k) for swz in (False, True)}
+        for key in [key for key in r if key.startswith(f"{DEFAULT}/")]:
+            r["run-" + key] = r.pop(key)
+        for kind in KINDS:
+            for swz, sfx in ((False, ""), (True, "_swz")):
+                if names[swz] is None:
+                    raise ValueError(f"K={k} M={m}: the default config is none of the measured variants")
+                r[f"{DEFAULT}/fused_{kind}{sfx}"] = r.get(f"{names[swz]}/fused_{kind}{sfx}")
+                r[f"{DEFAULT}/unfused_{kind}{sfx}"] = r.get(f"{names[False]}/unfused_{kind}{sfx}")
+        r["default_is"] = {"rowmajor": names[False], "swizzled": names[True]}
+        out["results"].append(r)
+    return out
+
+
 def render(data, vname):
     variants = data["variants"]
     return (
@@ -296,6 +320,9 @@ def main(argv=None):
     ap.add_argument("--variant", default=DEFAULT, help="variant of the main table (default: the ops' own choice)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile baseline")
     ap.add_argument("--tables", default=None, help="re-render the tables of a saved kernels_bench.json")
+    ap.add_argument(
+        "--current-default", action="store_true", help="with --tables: `default` = the variant today's dispatch picks"
+    )
     ap.add_argument("--gemm", action="store_true", help="then run tools/bench_gemm.py (GEMM rows)")
     ap.add_argument("--gemm-args", default="", help="extra arguments for bench_gemm.py, one string")
     args = ap.parse_args(argv)
@@ -303,6 +330,8 @@ def main(argv=None):
     if args.tables:
         with open(args.tables) as f:
             data = json.load(f)
+        if args.current_default:
+            data = as_current_default(data)
         print(render(data, vname))
         if args.out:
             save(args.out, data, vname)

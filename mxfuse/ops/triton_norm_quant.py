@@ -12,40 +12,51 @@ Design
 ======
 
 Bitwise contract. Quantization is elementwise except for the block amax, and `max` is
-exact and order-free, so any tiling quantizes the same bits (NaN is removed with an
-explicit `where` before the max; the E8M0 scale and the `2**(127 - sb)` multiplier are
-built from bits; +-Inf is mapped to +-448 by a clamp with `propagate_nan=ALL`, which keeps
-NaN; the fp32 -> e4m3 cast is the hardware's round-to-nearest-even). The one
-order-dependent operation is the norm's sum of squares. Its structure is fixed by K alone:
+exact and order-free, so any tiling quantizes the same bits. The default code leans on
+the hardware's IEEE semantics (`quant_ops="hw"`): `tl.max` is maxNum, which skips NaN (a
+block of only NaN gives NaN, which the FLT_MIN floor, also maxNum, turns into FLT_MIN),
+and the fp32 -> e4m3 cast is `cvt.rn.satfinite`, which maps +-Inf to +-448 and keeps NaN;
+the E8M0 scale and the `2**(127 - sb)` multiplier are built from bits. The spelled-out
+form (`where` before the max, a clamp before the cast) gives the same bits on the GPU
+(tests/test_gpu_kernels.py::test_variants_bitwise) with two more instructions per
+element. The one order-dependent operation is the norm's sum of squares:
 
 - a row is split into NCH <= 4 chunks of CH = max(128, next_pow2(K) / 4) columns (CH a
   power of two; the last chunk zero-padded);
 - the squares are first added ELEMENTWISE across chunks, ``(a^2 + b^2) + (c^2 + d^2)``
   (an absent chunk is omitted; adding an exact +0 would change nothing);
-- the resulting CH-vector is summed by :func:`_pairwise_sum`, the bottom-up pairwise
-  tree, every level of which is a ``tl.sum`` over an axis of size 2, i.e. ONE IEEE
-  addition ``a + b``: commutative, so the result does not depend on which thread holds
-  which element, on the layout Triton picks, on num_warps or on rows per program.
+- the resulting CH-vector is summed by `tl.sum` (`tree="native"`, the default): its
+  order is fixed by the register layout of the row, i.e. by (CH, rows per tile,
+  num_warps), which :func:`norm_config` derives from K alone. `tree="pairwise"` is
+  the layout-free alternative (:func:`_pairwise_sum`: every level a ``tl.sum`` over an
+  axis of size 2); it costs four more barriers per row (docs/perf_notes.md).
 
-The fused and the unfused norm are the same kernel (`QUANT` constexpr) and share every
-helper. All kernels are compiled with ``enable_fp_fusion=False`` so LLVM cannot contract a
-multiply and an add into an FMA in one variant and not in another. ``1/sqrt`` and ``/K``
-use the correctly rounded ``sqrt_rn``/``div_rn`` (what torch's CPU rsqrt and mean compute),
-so the only difference from the CPU reference is the summation order. Consequences:
-fused == unfused bitwise, and results are batch invariant (a row gives the same bits in
-any batch, in any regime).
+The fused and the unfused norm are the same kernel (`QUANT` constexpr) with the same
+config, and share every helper. All kernels are compiled with ``enable_fp_fusion=False``
+so LLVM cannot contract a multiply and an add into an FMA in one variant and not in
+another. ``/K`` is the correctly rounded ``div_rn``; ``1/sqrt`` is ``rsqrt.approx.f32``
+(`rsqrt="approx"`, relative error < 2**-22: y stays within one ulp of the CPU reference;
+`rsqrt="rn"` keeps the correctly rounded ``div_rn(1, sqrt_rn(.))`` at ~0.1 µs more per
+decode launch). Consequences: fused == unfused bitwise, and results are batch invariant
+(a row gives the same bits in any batch: M only picks launch choices that do not change
+a bit, `split` and `evict_first`).
 
 Regimes (launch shapes; the arithmetic of a row is the same in all of them; numbers in
 docs/perf_notes.md):
 
 - norm / fused norm+quant: a program owns tiles of BM whole rows, all NCH chunks in
-  registers, one pass: read x (+ residual) once, write residual_out, y (optional) and
-  codes + scales. All loads of a tile are issued before any store. Large K uses BM = 1.
-  ~32 values of the padded row per thread (8 warps for K = 6144, 4 for K = 3072): measured
-  fastest at every M from 1 to 16384 (more warps did not help the latency-bound small-M
-  case: the row's reduction then crosses more warps through shared memory). Chunking
-  avoids the 25% of idle lanes a single power-of-two tile would waste at K = 3 * 2**n
-  (the fused kernel is close to issue-bound at large M).
+  registers, one pass: read the weight, then x (+ residual) once (a barrier keeps the
+  weight loads ahead of the rows'), write residual_out, y (optional) and codes + scales.
+  Large K uses BM = 1, ~32 values of the padded row per thread (8 warps for K = 6144, 4
+  for K = 3072). The flags (residual rounding, y, scale layout) are constexpr: runtime
+  flags put branches between the loads and their use, and the weight loads then waited
+  for x's round trip.
+- decode sizes (M <= 16, row-major scales): `split` = one program per chunk; each reads
+  and reduces the whole row (the same code, so the same bits) and finishes one chunk,
+  so a row's quant tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads.
+- scales are stored with an inline ``st.global.u8`` from the layout in which the block
+  amax was reduced (`tl.store` moved them through shared memory with two barriers per
+  chunk).
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
@@ -54,6 +65,9 @@ docs/perf_notes.md):
 - standalone swizzle (after the SP gather): `[128, 16]` blocks on a 2-D grid. One program
   per 128 rows moved all K/32 columns (24 KB of byte stores at K = 6144) alone at decode
   sizes: ~8 µs of the packed+swizzle SP variant (docs/sp_notes.md).
+
+Variants (:data:`VARIANTS`, :class:`NormConfig`) are passed explicitly (`config=`);
+tools/bench_kernels.py times them all in one run and the GPU tests check each bitwise.
 
 Importing this module compiles nothing and makes no CUDA call; kernels compile on first
 launch. The kernels' int arguments that vary with M are excluded from Triton's value
@@ -499,8 +513,11 @@ def _code(table: dict, field: str, value) -> int:
     return table[value]
 
 
-# Up to this many rows a row is split over one program per chunk (docs/perf_notes.md).
-SPLIT_MAX_ROWS = 128
+# Launch choices by M, from the H200 sweep of 2026-12-01 (docs/perf_notes.md, run 5): up to
+# SPLIT_MAX_ROWS rows (row-major scales only) a row is split over one program per chunk; up
+# to EVICT_FIRST_MAX_ROWS rows the x / residual loads carry evict_first. Same bits.
+SPLIT_MAX_ROWS = 16
+EVICT_FIRST_MAX_ROWS = 1024
 
 
 def _chunks(k: int) -> tuple[int, int]:
@@ -509,20 +526,26 @@ def _chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def norm_config(k: int, m: int | None = None) -> NormConfig:
-    """Default config for M rows of K values.
+def norm_config(k: int, m: int | None = None, swizzled: bool = False) -> NormConfig:
+    """Default config for M rows of K values (M None: the config of the layout alone).
 
     The arithmetic (`tree`, `rsqrt`) and the layout of a row (rows per tile, warps) depend
-    on K alone, so the reduction tree is fixed per K (batch invariant); M only chooses
-    how many programs share a row (`split`, same bits). Measured on H200
+    on K alone, so the reduction tree is fixed per K (batch invariant); M (and the scale
+    layout) only choose how many programs share a row and a cache hint, which do not
+    change a bit (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
     (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
-    4 for K = 3072) at every M from 1 to 16384.
+    4 for K = 3072); a split row wins at M <= 16 with row-major scales (with swizzled
+    scales the 128-row padding already runs 128 programs, and splitting them lost);
+    evict_first wins from 64 to 1024 rows and loses at 4096 and above.
     """
     block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
-    split = _chunks(k)[1] if m is not None and m <= SPLIT_MAX_ROWS else 1
-    return NormConfig(block_rows=bm, num_warps=nw, split=split)
+    if m is None:
+        return NormConfig(block_rows=bm, num_warps=nw)
+    split = _chunks(k)[1] if (m <= SPLIT_MAX_ROWS and not swizzled) else 1
+    evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
+    return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
 
 
 def row_config(block_k: int, m: int) -> tuple[int, int, int]:
@@ -561,6 +584,11 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "native-persist": NormConfig(persistent=1),
     }
 )
+
+
+def variant_of(config: NormConfig, k: int) -> str | None:
+    """The name of the variant whose config for K is `config` (None if none is)."""
+    return next((name for name in VARIANTS if variant(name, k) == config), None)
 
 
 def variant(name: str, k: int) -> NormConfig:
@@ -649,7 +677,7 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     if m_grid == 0:
         return codes, scales, res_out, y
     ch, nch = _chunks(k)
-    cfg = config or norm_config(k, m)
+    cfg = config or norm_config(k, m, bool(quant and swizzled))
     bm = cfg.block_rows
     n_tiles = triton.cdiv(m_grid, bm)
     if cfg.persistent and cfg.split > 1:
