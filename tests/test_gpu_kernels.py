@@ -47,6 +47,7 @@ def kparams(*ks):
         return list(ks)
     return [pytest.param(k, marks=pytest.mark.xdist_group(f"k{k}")) for k in ks]
 
+
 ops = torch.ops.mxfuse
 EPS = 1e-6
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -148,7 +149,9 @@ def fused(x, r, w, swizzled, emit_y=True, round_sum=False, weight_offset=1.0):
         codes, scales, y = ops.gemma_rmsnorm_mxfp8(x, w, EPS, swizzled, emit_y, weight_offset)
         res = None
     else:
-        codes, scales, res, y = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w, EPS, swizzled, emit_y, round_sum, weight_offset)
+        codes, scales, res, y = ops.gemma_fused_add_rmsnorm_mxfp8(
+            x, r, w, EPS, swizzled, emit_y, round_sum, weight_offset
+        )
     return codes, scales, res, y
 
 
@@ -196,7 +199,6 @@ def test_fused_equals_unfused(k, m, has_res, swizzled):
         assert out[1].shape == ((m + 127) // 128 * 128, (s + 3) // 4 * 4)
 
 
-
 @gpu_test
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("k", kparams(160, 3072))
@@ -229,7 +231,6 @@ def test_fused_equals_unfused_dtypes_and_weights(k, dtype):
         compare_all(a, b, f"row slice swz={swz}")
         compare_all(a, unfused(xs, rs, w, swz), f"row slice fused vs unfused swz={swz}")
         assert_bitwise(ops.mxfp8_quantize(xs, swz)[1], ops.mxfp8_quantize(xs.contiguous(), swz)[1], "quant row slice")
-
 
 
 # ------------------------------------------------------------------ batch invariance
@@ -277,7 +278,6 @@ def test_batch_invariance(k, has_res, swizzled):
         del out, fill_x, fill_r
 
 
-
 # ------------------------------------------------------------------ vs the CPU reference
 
 
@@ -285,7 +285,9 @@ def quant_inputs(m, k, dtype, seed=0, device=DEVICE):
     """Finite values exercising the scale formula: zeros, FLT_MIN and subnormals, exact
     powers of two and 448 * 2**e boundaries, the dtype's largest values, random scales."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-20, 20, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).reshape(m, k)
+    x = torch.randn(m, k, generator=g) * torch.exp2(
+        torch.randint(-20, 20, (m, k // 32, 1), generator=g).float()
+    ).repeat_interleave(32, 1).reshape(m, k)
     fmax = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
     nb = k // 32
@@ -336,7 +338,6 @@ def test_quant_matches_cpu_reference(m, k, dtype):
     assert cf[-1, 7] == 448.0 and cf[-1, 40 % k] == -448.0
 
 
-
 @gpu_test
 @pytest.mark.parametrize("m,s", [(1, 1), (2, 192), (37, 2), (128, 3), (300, 5), (129, 192), (130, 201), (4096, 96)])
 def test_swizzle_matches_cpu_reference(m, s):
@@ -344,7 +345,6 @@ def test_swizzle_matches_cpu_reference(m, s):
     out = ops.mxfp8_swizzle_scales(sc)
     assert_bitwise(out.cpu(), reference.swizzle_scales(sc.cpu()), "swizzle")
     assert_bitwise(reference.unswizzle_scales(out, m, s), sc, "unswizzle")
-
 
 
 def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -388,10 +388,9 @@ def test_norm_matches_cpu_reference(k, dtype):
         assert int(d.max()) <= NORM_MAX_ULP, f"{what}: {int(d.max())} ulp"
         assert frac <= NORM_MAX_DIFF_FRACTION, f"{what}: {frac:.3%} of elements differ"
     # the fused op's y obeys the same bound
-    codes, scales, res_f, y_f = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w, EPS, False, True, False, 1.0)
+    _codes, _scales, _res, y_f = ops.gemma_fused_add_rmsnorm_mxfp8(x, r, w, EPS, False, True, False, 1.0)
     nan = ry.isnan()
     assert int(_ulp_distance(y_f.cpu()[~nan], ry[~nan]).max()) <= NORM_MAX_ULP
-
 
 
 @gpu_test
@@ -407,7 +406,6 @@ def test_empty_batches():
             c, s = ops.mxfp8_quantize(x, swz)
             assert c.shape == (0, k) and s.shape == ((0, (k // 32 + 3) // 4 * 4) if swz else (0, k // 32))
         assert ops.mxfp8_swizzle_scales(torch.empty(0, 5, dtype=torch.uint8, device=DEVICE)).shape == (0, 8)
-
 
 
 # ------------------------------------------------------------------ row-packed outputs
@@ -466,3 +464,71 @@ def test_out_views_are_written_in_place():
         tnq.fused_norm_quant(x, r, w, EPS, swizzled=True, out_scales=os_)
     with pytest.raises(ValueError):
         tnq.quantize(x, out_codes=oc[:5])
+
+
+# ------------------------------------------------------------------ kernel variants (tools/bench_kernels.py)
+
+
+def _variant_outputs(tnq, cfg, x, r, w, swizzled):
+    """(fused outputs, unfused outputs) of one variant: the fused kernel, and the same
+    variant's norm kernel followed by the quant kernel."""
+    fused_out = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, emit_y=True, config=cfg)
+    y, res = tnq.gemma_norm(x, r, w, EPS, config=cfg)
+    codes, scales = tnq.quantize(y, swizzled)
+    return fused_out, (codes, scales, res, y)
+
+
+@gpu_test
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("has_res", [True, False], ids=["add", "plain"])
+@pytest.mark.parametrize("k", kparams(160, 3072, 6144))
+def test_variants_bitwise(k, has_res, swizzled):
+    """Every benchmarked variant: fused == its unfused norm + quant, bitwise; a row gives
+    the same bits alone and inside a batch; variants with the same arithmetic (`tree`,
+    `rsqrt`) give the same bits whatever else differs (quant_ops "hw" vs "explicit", the
+    in-place vs tl.store scale store, evict_first, the persistent grid, a row split over
+    programs, two rows per tile); y is within the CPU-reference bound."""
+    if not HAS_CUDA:
+        pytest.skip("the Triton kernels need CUDA (no CPU path for the variants)")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    w = gemma_weight(k)
+    failures = []  # every variant is checked (one failing variant must not hide the others)
+    for m in (1, 37, 4096):
+        x, r = special_rows(m, k, seed=17 * k + m)
+        r = r if has_res else None
+        by_arith = {}
+        for name in tnq.VARIANTS:
+            cfg = tnq.variant(name, k)
+            try:
+                got, want = _variant_outputs(tnq, cfg, x, r, w, swizzled)
+                compare_all(got, want, f"{name} K={k} M={m} fused vs unfused")
+                first = by_arith.setdefault((cfg.tree, cfg.rsqrt), (name, got))
+                compare_all(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
+                if m == 37:  # y vs the CPU reference: the bound of test_norm_matches_cpu_reference
+                    want_y = (reference.gemma_fused_add_rmsnorm(x.cpu(), r.cpu(), w.cpu(), EPS)[0] if r is not None
+                              else reference.gemma_rmsnorm(x.cpu(), w.cpu(), EPS))  # fmt: skip
+                    nan = want_y.isnan()
+                    assert torch.equal(got[3].cpu().isnan(), nan), f"{name} K={k}: NaN positions of y"
+                    d = _ulp_distance(got[3].cpu()[~nan], want_y[~nan])
+                    assert int(d.max()) <= NORM_MAX_ULP, f"{name} K={k}: y {int(d.max())} ulp from the CPU reference"
+                    assert (d > 0).float().mean().item() <= NORM_MAX_DIFF_FRACTION, f"{name} K={k}: y differs too often"
+                if m > 1:  # the last row alone (M = 1) gives the row's bits in the batch
+                    alone = tnq.fused_norm_quant(x[-1:], None if r is None else r[-1:], w, EPS, swizzled=swizzled,
+                                                 emit_y=True, config=cfg)  # fmt: skip
+                    got_rows = _row_outputs(got, slice(m - 1, m), m, k, swizzled)
+                    compare_all(got_rows, _row_outputs(alone, slice(0, 1), 1, k, swizzled), f"{name} K={k} M={m} alone")
+            except AssertionError as e:
+                failures.append(str(e))
+    assert not failures, "\n".join(failures)
+
+
+def test_variant_names_are_checked():
+    pytest.importorskip("triton")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    with pytest.raises(ValueError, match="tree"):
+        tnq._code(tnq._TREES, "tree", "halves")
+    for name, cfg in tnq.VARIANTS.items():
+        assert tnq._code(tnq._TREES, "tree", cfg.tree) in (0, 1), name
+        assert tnq.variant(name, 6144).num_warps == tnq.norm_config(6144).num_warps

@@ -12,40 +12,51 @@ Design
 ======
 
 Bitwise contract. Quantization is elementwise except for the block amax, and `max` is
-exact and order-free, so any tiling quantizes the same bits (NaN is removed with an
-explicit `where` before the max; the E8M0 scale and the `2**(127 - sb)` multiplier are
-built from bits; +-Inf is mapped to +-448 by a clamp with `propagate_nan=ALL`, which keeps
-NaN; the fp32 -> e4m3 cast is the hardware's round-to-nearest-even). The one
-order-dependent operation is the norm's sum of squares. Its structure is fixed by K alone:
+exact and order-free, so any tiling quantizes the same bits. The default code leans on
+the hardware's IEEE semantics (`quant_ops="hw"`): `tl.max` is maxNum, which skips NaN (a
+block of only NaN gives NaN, which the FLT_MIN floor, also maxNum, turns into FLT_MIN),
+and the fp32 -> e4m3 cast is `cvt.rn.satfinite`, which maps +-Inf to +-448 and keeps NaN;
+the E8M0 scale and the `2**(127 - sb)` multiplier are built from bits. The spelled-out
+form (`where` before the max, a clamp before the cast) gives the same bits on the GPU
+(tests/test_gpu_kernels.py::test_variants_bitwise) with two more instructions per
+element. The one order-dependent operation is the norm's sum of squares:
 
 - a row is split into NCH <= 4 chunks of CH = max(128, next_pow2(K) / 4) columns (CH a
   power of two; the last chunk zero-padded);
 - the squares are first added ELEMENTWISE across chunks, ``(a^2 + b^2) + (c^2 + d^2)``
   (an absent chunk is omitted; adding an exact +0 would change nothing);
-- the resulting CH-vector is summed by :func:`_pairwise_sum`, the bottom-up pairwise
-  tree, every level of which is a ``tl.sum`` over an axis of size 2, i.e. ONE IEEE
-  addition ``a + b``: commutative, so the result does not depend on which thread holds
-  which element, on the layout Triton picks, on num_warps or on rows per program.
+- the resulting CH-vector is summed by `tl.sum` (`tree="native"`, the default): its
+  order is fixed by the register layout of the row, i.e. by (CH, rows per tile,
+  num_warps), which :func:`norm_config` derives from K alone. `tree="pairwise"` is
+  the layout-free alternative (:func:`_pairwise_sum`: every level a ``tl.sum`` over an
+  axis of size 2); it costs four more barriers per row (docs/perf_notes.md).
 
-The fused and the unfused norm are the same kernel (`QUANT` constexpr) and share every
-helper. All kernels are compiled with ``enable_fp_fusion=False`` so LLVM cannot contract a
-multiply and an add into an FMA in one variant and not in another. ``1/sqrt`` and ``/K``
-use the correctly rounded ``sqrt_rn``/``div_rn`` (what torch's CPU rsqrt and mean compute),
-so the only difference from the CPU reference is the summation order. Consequences:
-fused == unfused bitwise, and results are batch invariant (a row gives the same bits in
-any batch, in any regime).
+The fused and the unfused norm are the same kernel (`QUANT` constexpr) with the same
+config, and share every helper. All kernels are compiled with ``enable_fp_fusion=False``
+so LLVM cannot contract a multiply and an add into an FMA in one variant and not in
+another. ``/K`` is the correctly rounded ``div_rn``; ``1/sqrt`` is ``rsqrt.approx.f32``
+(`rsqrt="approx"`, relative error < 2**-22: y stays within one ulp of the CPU reference;
+`rsqrt="rn"` keeps the correctly rounded ``div_rn(1, sqrt_rn(.))`` at ~0.1 µs more per
+decode launch). Consequences: fused == unfused bitwise, and results are batch invariant
+(a row gives the same bits in any batch: M only picks launch choices that do not change
+a bit, `split` and `evict_first`).
 
 Regimes (launch shapes; the arithmetic of a row is the same in all of them; numbers in
 docs/perf_notes.md):
 
 - norm / fused norm+quant: a program owns tiles of BM whole rows, all NCH chunks in
-  registers, one pass: read x (+ residual) once, write residual_out, y (optional) and
-  codes + scales. All loads of a tile are issued before any store. Large K uses BM = 1.
-  ~32 values of the padded row per thread (8 warps for K = 6144, 4 for K = 3072): measured
-  fastest at every M from 1 to 16384 (more warps did not help the latency-bound small-M
-  case: the row's reduction then crosses more warps through shared memory). Chunking
-  avoids the 25% of idle lanes a single power-of-two tile would waste at K = 3 * 2**n
-  (the fused kernel is close to issue-bound at large M).
+  registers, one pass: read the weight, then x (+ residual) once (a barrier keeps the
+  weight loads ahead of the rows'), write residual_out, y (optional) and codes + scales.
+  Large K uses BM = 1, ~32 values of the padded row per thread (8 warps for K = 6144, 4
+  for K = 3072). The flags (residual rounding, y, scale layout) are constexpr: runtime
+  flags put branches between the loads and their use, and the weight loads then waited
+  for x's round trip.
+- decode sizes (M <= 16, row-major scales): `split` = one program per chunk; each reads
+  and reduces the whole row (the same code, so the same bits) and finishes one chunk,
+  so a row's quant tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads.
+- scales are stored with an inline ``st.global.u8`` from the layout in which the block
+  amax was reduced (`tl.store` moved them through shared memory with two barriers per
+  chunk).
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
@@ -55,12 +66,19 @@ docs/perf_notes.md):
   per 128 rows moved all K/32 columns (24 KB of byte stores at K = 6144) alone at decode
   sizes: ~8 µs of the packed+swizzle SP variant (docs/sp_notes.md).
 
+Variants (:data:`VARIANTS`, :class:`NormConfig`) are passed explicitly (`config=`);
+tools/bench_kernels.py times them all in one run and the GPU tests check each bitwise.
+
 Importing this module compiles nothing and makes no CUDA call; kernels compile on first
 launch. The kernels' int arguments that vary with M are excluded from Triton's value
 specialization so a new M never recompiles.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
 
 import torch
 import triton
@@ -70,7 +88,16 @@ FP8 = torch.float8_e4m3fn
 BLOCK = 32
 SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
-__all__ = ["fused_norm_quant", "gemma_norm", "quantize", "swizzle_scales"]
+__all__ = [
+    "NormConfig",
+    "QuantConfig",
+    "fused_norm_quant",
+    "gemma_norm",
+    "norm_config",
+    "quant_config",
+    "quantize",
+    "swizzle_scales",
+]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -90,63 +117,124 @@ def _pairwise_sum(v, BM: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr):
 
 
 @triton.jit
-def _load_chunk(ptr, rows, stride, cols, row_mask, K):
-    """`[BM, CH]` tile of rows `rows` and columns `cols` (zero outside the matrix)."""
-    mask = row_mask[:, None] & (cols < K)[None, :]
-    return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+def _row_sum(v, BM: tl.constexpr, N: tl.constexpr, LOG_N: tl.constexpr, TREE: tl.constexpr):
+    """Sum of squares of a row: the pairwise tree (TREE 0: layout-free) or Triton's own
+    reduction (TREE 1: fixed by the layout, i.e. by the launch config, which then must
+    depend on K alone)."""
+    if TREE == 0:
+        return _pairwise_sum(v, BM, N, LOG_N)
+    else:
+        return tl.sum(v, axis=1)
 
 
 @triton.jit
-def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, round_sum, HAS_RES: tl.constexpr):
-    """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES."""
+def _load_chunk(ptr, rows, stride, cols, row_mask, K, EVICT_FIRST: tl.constexpr):
+    """`[BM, CH]` tile of rows `rows` and columns `cols` (zero outside the matrix)."""
+    mask = row_mask[:, None] & (cols < K)[None, :]
+    if EVICT_FIRST:
+        return tl.load(
+            ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        )
+    else:
+        return tl.load(ptr + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_weight(w_ptr, cols, K, weight_offset):
+    return tl.load(w_ptr + cols[None, :], mask=(cols < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+
+
+@triton.jit
+def _sum_chunk(
+    x, r, ro_ptr, rows, cols, row_mask, K, part,
+    HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr, J: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES
+    (only the program `part` that owns chunk J when a row is split over SPLIT programs)."""
     s = x.to(tl.float32)
     if HAS_RES:
         s = s + r.to(tl.float32)
         ro = s.to(x.dtype)
         mask = row_mask[:, None] & (cols < K)[None, :]
-        tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
-        if round_sum != 0:
+        if SPLIT == 1:  # noqa: SIM114  (constexpr: no runtime branch when a row is not split)
+            tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
+        elif part == J % SPLIT:
+            tl.store(ro_ptr + rows[:, None] * K + cols[None, :], ro, mask=mask)
+        if ROUND_SUM:
             s = ro.to(tl.float32)
     return s
 
 
 @triton.jit
-def _rstd(ssq, K, eps, BM: tl.constexpr):
-    """`1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what torch's CPU ops compute)."""
+def _rstd(ssq, K, eps, BM: tl.constexpr, RSQRT: tl.constexpr):
+    """RSQRT 0: `1 / sqrt(ssq / K + eps)` with correctly rounded divide and sqrt (what
+    torch's CPU ops compute: three dependent IEEE operations, ~0.1 µs of a decode-sized
+    launch); RSQRT 1: `rsqrt.approx.f32` of the same (one MUFU op, relative error
+    < 2**-22; not the `.ftz` form `tl.math.rsqrt` emits, which turns a subnormal
+    `ssq / K + eps` (eps = 0) into +Inf)."""
     var = tl.math.div_rn(ssq, K.to(tl.float32))
-    return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+    if RSQRT == 0:
+        return tl.math.div_rn(tl.full([BM], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+    else:
+        return tl.inline_asm_elementwise(
+            "rsqrt.approx.f32 $0, $1;", "=r,r", [var + eps], dtype=tl.float32, is_pure=True, pack=1
+        )
 
 
 @triton.jit
 def _finish_chunk(
-    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-    dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr,
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, part,
+    dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
+    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Chunk J (columns J*CH ..), by the program that owns it: see :func:`_finish_owned`."""
+    if SPLIT == 1:  # noqa: SIM114  (constexpr: no runtime branch when a row is not split)
+        _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+    elif part == J % SPLIT:
+        _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+
+
+@triton.jit
+def _finish_owned(
+    s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
+    dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
+    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
     y = ((s * rstd[:, None]) * w).to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
     offs = rows[:, None] * K + cols[None, :]
     if QUANT:
-        if emit_y != 0:
+        if EMIT_Y:
             tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
         # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
         q_offs = rows[:, None] * stride_q + cols[None, :]
         tl.store(q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
         scols = J * (CH // 32) + tl.arange(0, CH // 32)
-        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
+        _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
-def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
-    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32)."""
+def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr):
+    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32).
+
+    QUANT_OPS 0 (hardware semantics, fewer instructions): `tl.max` is IEEE maxNum, which
+    skips NaN (a block of only NaN gives NaN, which the FLT_MIN floor, also maxNum, turns
+    into FLT_MIN), and the fp32 -> e4m3 cast is `cvt.rn.satfinite`, which maps +-Inf to
+    +-448 and keeps NaN. QUANT_OPS 1 spells both out (`where` before the max, a clamp
+    before the cast): the same bits, two instructions more per element.
+    """
     v3 = tl.reshape(v, [BM, BC // 32, 32])
     a = tl.abs(v3)
-    a = tl.where(a != a, 0.0, a)  # NaN does not take part in the amax
+    if QUANT_OPS == 1:
+        a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
     amax = tl.max(a, axis=2)
     amax = tl.maximum(amax, 1.1754943508222875e-38)  # FLT_MIN (smallest normal)
     bits = amax.to(tl.int32, bitcast=True)
@@ -159,173 +247,186 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
     mbits = tl.where(e == 0, 0x00400000, e << 23)  # e == 0: 2**-127 (subnormal)
     mult = mbits.to(tl.float32, bitcast=True)
     q = v3 * mult[:, :, None]
-    # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
-    # NaN (propagate_nan=ALL lowers to the NaN-propagating min/max, never NaN-dropping).
-    q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    if QUANT_OPS == 1:
+        # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
+        # NaN (propagate_nan=ALL lowers to the NaN-propagating min/max, never NaN-dropping).
+        q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     codes = tl.reshape(q.to(tl.float8e4nv), [BM, BC])
     return codes, sb
 
 
 @triton.jit
-def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s):
+def _store_u8_in_place(ptrs, val, mask):
+    """`st.global.u8` from the operand's own register layout.
+
+    `tl.store` would first move the scales (one per 32-element block, held by the 4 lanes
+    that reduced it) into the layout Triton's coalescing picks, through shared memory with
+    two barriers per chunk; the lanes holding copies of a scale store the same byte.
+    """
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.u8 [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [ptrs, val, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED: tl.constexpr, stride_s, SCALE_STORE: tl.constexpr):
     """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4 `[pad128(M), SP]` offsets."""
     r2 = rows[:, None]
     c2 = scols[None, :]
-    if swizzled != 0:
+    if SWIZZLED:
         off = (r2 // 128) * (SP * 128) + (c2 // 4) * 512 + (r2 % 32) * 16 + ((r2 // 32) % 4) * 4 + (c2 % 4)
         mask = (r2 < M_grid) & (c2 < SP)
     else:
         off = r2 * stride_s + c2
         mask = (r2 < M_grid) & (c2 < S)
-    tl.store(sc_ptr + off, sb.to(tl.uint8), mask=mask)
+    if SCALE_STORE == 0:
+        _store_u8_in_place(sc_ptr + off, sb, mask)
+    else:
+        tl.store(sc_ptr + off, sb.to(tl.uint8), mask=mask)
 
 
 # --------------------------------------------------------------------------- kernels
 
-_DNS = ["M", "M_grid", "round_sum", "emit_y", "swizzled"]
 
+@triton.jit
+def _norm_tile(
+    tile, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q, stride_s,
+    S, SP, eps, weight_offset,
+    HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
+    TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, SPLIT: tl.constexpr, LOAD_FENCE: tl.constexpr,
+):  # fmt: skip
+    """BM whole rows: all loads (x, residual, weight) issued before any use, one pass.
 
-@triton.jit(do_not_specialize=_DNS)
-def _norm_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    ro_ptr,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
-    M,
-    M_grid,
-    K,
-    stride_x,
-    stride_r,
-    stride_q,
-    stride_s,
-    S,
-    SP,
-    eps,
-    weight_offset,
-    round_sum,
-    emit_y,
-    swizzled,
-    HAS_RES: tl.constexpr,
-    QUANT: tl.constexpr,
-    BM: tl.constexpr,
-    RPP: tl.constexpr,
-    CH: tl.constexpr,
-    NCH: tl.constexpr,
-    LOG_CH: tl.constexpr,
-):
-    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
-
-    A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
-    held in registers. Program p handles RPP consecutive tiles of BM rows starting at row
-    p * RPP * BM; the weight is loaded once per program. All loads of a tile are issued
-    before any store, so the chunks' memory latencies overlap.
+    SPLIT > 1: this program (`part` of SPLIT) reads and reduces the whole rows like every
+    other part (the same code, so the same bits), but normalizes, quantizes and stores
+    only the chunks J with J % SPLIT == part: at decode sizes a row's tail work is spread
+    over SPLIT SMs; the extra reads of the row hit L2.
     """
-    pid = tl.program_id(0)
     dtype = x_ptr.dtype.element_ty
     ca = tl.arange(0, CH)
     cb = ca + CH
     cc = ca + 2 * CH
     cd = ca + 3 * CH
-    wa = tl.load(w_ptr + ca[None, :], mask=(ca < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+    rows = tile.to(tl.int64) * BM + tl.arange(0, BM)
+    rm = rows < M
+    # ---- all loads first: the weight, then the rows (the flags are constexpr: no branch
+    # between the loads and their first use)
+    wa = _load_weight(w_ptr, ca, K, weight_offset)
     wb = wa
     wc = wa
     wd = wa
     if NCH > 1:
-        wb = tl.load(w_ptr + cb[None, :], mask=(cb < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+        wb = _load_weight(w_ptr, cb, K, weight_offset)
     if NCH > 2:
-        wc = tl.load(w_ptr + cc[None, :], mask=(cc < K)[None, :], other=0.0).to(tl.float32) + weight_offset
+        wc = _load_weight(w_ptr, cc, K, weight_offset)
     if NCH > 3:
-        wd = tl.load(w_ptr + cd[None, :], mask=(cd < K)[None, :], other=0.0).to(tl.float32) + weight_offset
-    for i in range(RPP):
-        rows = (pid.to(tl.int64) * RPP + i) * BM + tl.arange(0, BM)
-        rm = rows < M
-        # ---- all loads first
-        xa = _load_chunk(x_ptr, rows, stride_x, ca, rm, K)
-        xb = xa
-        xc = xa
-        xd = xa
+        wd = _load_weight(w_ptr, cd, K, weight_offset)
+    if LOAD_FENCE:
+        # ptxas otherwise issues the weight loads only after the first use of x (after x's
+        # round trip: a second, dependent one, exposed once the reduction is short); the
+        # barrier keeps them ahead of the x / residual loads.
+        tl.debug_barrier()
+    xa = _load_chunk(x_ptr, rows, stride_x, ca, rm, K, EVICT_FIRST)
+    xb = xa
+    xc = xa
+    xd = xa
+    if NCH > 1:
+        xb = _load_chunk(x_ptr, rows, stride_x, cb, rm, K, EVICT_FIRST)
+    if NCH > 2:
+        xc = _load_chunk(x_ptr, rows, stride_x, cc, rm, K, EVICT_FIRST)
+    if NCH > 3:
+        xd = _load_chunk(x_ptr, rows, stride_x, cd, rm, K, EVICT_FIRST)
+    ra = xa
+    rb = xb
+    rc = xc
+    rd = xd
+    if HAS_RES:
+        ra = _load_chunk(r_ptr, rows, stride_r, ca, rm, K, EVICT_FIRST)
         if NCH > 1:
-            xb = _load_chunk(x_ptr, rows, stride_x, cb, rm, K)
+            rb = _load_chunk(r_ptr, rows, stride_r, cb, rm, K, EVICT_FIRST)
         if NCH > 2:
-            xc = _load_chunk(x_ptr, rows, stride_x, cc, rm, K)
+            rc = _load_chunk(r_ptr, rows, stride_r, cc, rm, K, EVICT_FIRST)
         if NCH > 3:
-            xd = _load_chunk(x_ptr, rows, stride_x, cd, rm, K)
-        ra = xa
-        rb = xb
-        rc = xc
-        rd = xd
-        if HAS_RES:
-            ra = _load_chunk(r_ptr, rows, stride_r, ca, rm, K)
-            if NCH > 1:
-                rb = _load_chunk(r_ptr, rows, stride_r, cb, rm, K)
-            if NCH > 2:
-                rc = _load_chunk(r_ptr, rows, stride_r, cc, rm, K)
-            if NCH > 3:
-                rd = _load_chunk(r_ptr, rows, stride_r, cd, rm, K)
-        # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
-        # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
-        # changes nothing), then the pairwise tree over the CH columns.
-        sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, round_sum, HAS_RES)
-        sb_ = sa
-        sc_ = sa
-        sd_ = sa
-        v = sa * sa
-        if NCH > 1:
-            sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, round_sum, HAS_RES)
-            v = v + sb_ * sb_
-        if NCH > 2:
-            sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, round_sum, HAS_RES)
-            if NCH > 3:
-                sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, round_sum, HAS_RES)
-                v = v + (sc_ * sc_ + sd_ * sd_)
-            else:
-                v = v + sc_ * sc_
-        rstd = _rstd(_pairwise_sum(v, BM, CH, LOG_CH), K, eps, BM)
-        # ---- y (and quant) per chunk
-        _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                      dtype, QUANT, BM, CH, 0)  # fmt: skip
-        if NCH > 1:
-            _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 1)  # fmt: skip
-        if NCH > 2:
-            _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 2)  # fmt: skip
+            rd = _load_chunk(r_ptr, rows, stride_r, cd, rm, K, EVICT_FIRST)
+    # ---- s, residual_out, and the fixed-tree sum of squares: elementwise over the
+    # chunks, (a^2 + b^2) + (c^2 + d^2) (absent chunks omitted: adding an exact +0
+    # changes nothing), then the tree over the CH columns.
+    sa = _sum_chunk(xa, ra, ro_ptr, rows, ca, rm, K, part, HAS_RES, ROUND_SUM, 0, SPLIT)
+    sb_ = sa
+    sc_ = sa
+    sd_ = sa
+    v = sa * sa
+    if NCH > 1:
+        sb_ = _sum_chunk(xb, rb, ro_ptr, rows, cb, rm, K, part, HAS_RES, ROUND_SUM, 1, SPLIT)
+        v = v + sb_ * sb_
+    if NCH > 2:
+        sc_ = _sum_chunk(xc, rc, ro_ptr, rows, cc, rm, K, part, HAS_RES, ROUND_SUM, 2, SPLIT)
         if NCH > 3:
-            _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 3)  # fmt: skip
+            sd_ = _sum_chunk(xd, rd, ro_ptr, rows, cd, rm, K, part, HAS_RES, ROUND_SUM, 3, SPLIT)
+            v = v + (sc_ * sc_ + sd_ * sd_)
+        else:
+            v = v + sc_ * sc_
+    rstd = _rstd(_row_sum(v, BM, CH, LOG_CH, TREE), K, eps, BM, RSQRT)
+    # ---- y (and quant) per chunk
+    _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+    if NCH > 1:
+        _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+    if NCH > 2:
+        _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+    if NCH > 3:
+        _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, part,
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["M", "M_grid", "swizzled"])
+@triton.jit(do_not_specialize=["M", "M_grid", "n_tiles"])
+def _norm_kernel(
+    x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, n_tiles, K, stride_x, stride_r, stride_q, stride_s,
+    S, SP, eps, weight_offset,
+    HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
+    TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT: tl.constexpr, LOAD_FENCE: tl.constexpr,
+):  # fmt: skip
+    """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
+
+    A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
+    held in registers. One tile of BM rows per program, or (PERSISTENT) tiles pid,
+    pid + grid, ... of the `n_tiles`.
+    """
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    if PERSISTENT:
+        for t in range(pid, n_tiles, tl.num_programs(0)):
+            _norm_tile(t, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+                       stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
+                       LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE)  # fmt: skip
+    else:
+        _norm_tile(pid, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
+                   stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
+                   LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["M", "M_grid"])
 def _quant_kernel(
-    x_ptr,
-    q_ptr,
-    sc_ptr,
-    M,
-    M_grid,
-    K,
-    stride_x,
-    stride_q,
-    stride_s,
-    S,
-    SP,
-    swizzled,
-    BM: tl.constexpr,
-    BC: tl.constexpr,
-):
+    x_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_q, stride_s, S, SP,
+    SWIZZLED: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
     cols = pid_k * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS)
     tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], codes, mask=mask)
     scols = pid_k * (BC // 32) + tl.arange(0, BC // 32)
-    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
-
+    _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
 
 
 @triton.jit(do_not_specialize=["M", "M_grid"])
@@ -336,7 +437,7 @@ def _swizzle_kernel(src_ptr, dst_ptr, M, M_grid, stride_src, S, SP, BR: tl.const
     cols = tl.program_id(1) * BS + tl.arange(0, BS)
     mask = (rows < M)[:, None] & (cols < S)[None, :]
     v = tl.load(src_ptr + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0)
-    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, 1, S)
+    _store_scales(dst_ptr, v, rows, cols, M_grid, S, SP, True, S, 1)
 
 
 # --------------------------------------------------------------------------- launch configs
@@ -354,34 +455,162 @@ def _block_k(k: int) -> int:
     return max(128, _pow2(k))
 
 
-def row_config(block_k: int, m: int) -> tuple[int, int, int]:
-    """(rows per tile BM, tiles per program RPP, num_warps) for the norm / fused kernels.
+class NormConfig(NamedTuple):
+    """Launch shape and code variant of the norm / fused norm+quant kernel.
 
-    Any choice gives the same bits (the row arithmetic does not depend on it). Measured on
-    H200 (docs/perf_notes.md, sweep of run 2): ~32 values of the padded row per thread
-    (8 warps for K = 6144, 4 for K = 3072) was the fastest at every M measured (1, 64,
-    4096, 16384), for the fused and the unfused norm; 16 values per thread (more warps)
-    was slower even at M = 1, and RPP = 4 (weight loaded once per 4 rows) was slower
-    everywhere (2x at M = 1: the masked iterations still run; -5% at M = 16384: 127
-    registers halve the resident programs).
+    `tree` and `rsqrt` fix the arithmetic of a row: the fused and the unfused norm must be
+    launched with the same two values, and they must not change with M (batch invariance);
+    the default depends on K alone. Every other field only moves work between threads
+    or instructions: same bits.
+
+    - block_rows: rows per tile (BM); num_warps: warps per program.
+    - split: programs per tile; > 1: each reads and reduces the whole rows and finishes
+      (normalizes, quantizes, stores) every split-th chunk (decode sizes).
+    - persistent: 0 = one program per tile; n = at most n programs per SM, looping over tiles.
+    - tree: "pairwise" (the layout-free tree of `_pairwise_sum`) or "native" (`tl.sum`).
+    - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx.f32`).
+    - quant_ops: "hw" (maxNum skips NaN, the satfinite cast saturates Inf) or "explicit"
+      (`where` + clamp: same bits, 2 instructions more per element).
+    - scale_store: "in_place" (inline `st.global.u8` from the reduction's layout) or
+      "tl_store" (through Triton's coalescing: a shared-memory round trip per chunk).
+    - evict_first: evict_first hint on the x / residual loads (streamed once).
+    - load_fence: a barrier right after the loads, so that the weight is fetched together
+      with x and residual rather than after x's round trip (ptxas's order otherwise).
     """
-    del m
+
+    block_rows: int = 1
+    num_warps: int = 8
+    split: int = 1
+    persistent: int = 0
+    tree: str = "native"
+    rsqrt: str = "approx"
+    quant_ops: str = "hw"
+    scale_store: str = "in_place"
+    evict_first: bool = False
+    load_fence: bool = True
+
+
+class QuantConfig(NamedTuple):
+    """`[block_rows, block_cols]` tiles of the quant kernel, num_warps, and the code variant
+    (`quant_ops`, `scale_store` as in :class:`NormConfig`; same bits for every value)."""
+
+    block_rows: int = 4
+    block_cols: int = 1024
+    num_warps: int = 8
+    quant_ops: str = "hw"
+    scale_store: str = "in_place"
+
+
+_TREES = {"pairwise": 0, "native": 1}
+_RSQRTS = {"rn": 0, "approx": 1}
+_QUANT_OPS = {"hw": 0, "explicit": 1}
+_SCALE_STORES = {"in_place": 0, "tl_store": 1}
+
+
+def _code(table: dict, field: str, value) -> int:
+    if value not in table:
+        raise ValueError(f"triton_norm_quant: {field}={value!r} is not one of {sorted(table)}")
+    return table[value]
+
+
+# Launch choices by M, from the H200 sweep of 2026-12-01 (docs/perf_notes.md, run 5): up to
+# SPLIT_MAX_ROWS rows (row-major scales only) a row is split over one program per chunk; up
+# to EVICT_FIRST_MAX_ROWS rows the x / residual loads carry evict_first. Same bits.
+SPLIT_MAX_ROWS = 16
+EVICT_FIRST_MAX_ROWS = 1024
+
+
+def _chunks(k: int) -> tuple[int, int]:
+    """(CH, NCH): a row is NCH chunks of CH columns, CH = max(128, next_pow2(K) / 4)."""
+    ch = max(128, _block_k(k) // 4)
+    return ch, -(-k // ch)
+
+
+def norm_config(k: int, m: int | None = None, swizzled: bool = False) -> NormConfig:
+    """Default config for M rows of K values (M None: the config of the layout alone).
+
+    The arithmetic (`tree`, `rsqrt`) and the layout of a row (rows per tile, warps) depend
+    on K alone, so the reduction tree is fixed per K (batch invariant); M (and the scale
+    layout) only choose how many programs share a row and a cache hint, which do not
+    change a bit (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
+    (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
+    4 for K = 3072); a split row wins at M <= 16 with row-major scales (with swizzled
+    scales the 128-row padding already runs 128 programs, and splitting them lost);
+    evict_first wins from 64 to 1024 rows and loses at 4096 and above.
+    """
+    block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
-    return bm, 1, nw
+    if m is None:
+        return NormConfig(block_rows=bm, num_warps=nw)
+    split = _chunks(k)[1] if (m <= SPLIT_MAX_ROWS and not swizzled) else 1
+    evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
+    return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
 
 
-def quant_config(k: int, m: int) -> tuple[int, int, int]:
-    """(rows per program, columns per program, num_warps) for the quant kernel."""
+def row_config(block_k: int, m: int) -> tuple[int, int, int]:
+    """(rows per tile, tiles per program, num_warps) of the default config (kept for callers
+    that print it; the launch takes a :class:`NormConfig`)."""
+    del m
+    c = norm_config(block_k)
+    return c.block_rows, 1, c.num_warps
+
+
+def quant_config(k: int, m: int) -> QuantConfig:
+    """Default config of the quant kernel (any config gives the same bits)."""
     bc = min(1024, _block_k(k))
     bm = max(1, 4096 // bc)
     bm = max(1, min(bm, _pow2(max(m, 1))))
     nw = max(4, min(8, bm * bc // 512))
-    return bm, bc, nw
+    return QuantConfig(block_rows=bm, block_cols=bc, num_warps=nw)
 
 
-# Overrides used by tools/bench_kernels.py to sweep launch shapes: {"row": (bm, rpp, nw), "quant": (bm, bc, nw)}.
-CONFIG_OVERRIDE: dict = {}
+# Variants timed against each other by tools/bench_kernels.py and checked bitwise (fused ==
+# unfused, batch invariance) by tests/test_gpu_kernels.py; docs/perf_notes.md has the numbers.
+VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
+    {
+        "v3-ops": NormConfig(
+            tree="pairwise", rsqrt="rn", quant_ops="explicit", scale_store="tl_store", load_fence=False
+        ),
+        "pairwise": NormConfig(tree="pairwise", rsqrt="rn", load_fence=False),
+        "native-rn": NormConfig(rsqrt="rn", load_fence=False),
+        "native-nofence": NormConfig(load_fence=False),
+        "native": NormConfig(),
+        "native-rn-split": NormConfig(rsqrt="rn", split=2),
+        "native-split-nofence": NormConfig(split=2, load_fence=False),
+        "native-split": NormConfig(split=2),
+        "native-2rows": NormConfig(block_rows=2),
+        "native-evict": NormConfig(evict_first=True),
+        "native-persist": NormConfig(persistent=1),
+    }
+)
+
+
+def variant_of(config: NormConfig, k: int) -> str | None:
+    """The name of the variant whose config for K is `config` (None if none is)."""
+    return next((name for name in VARIANTS if variant(name, k) == config), None)
+
+
+def variant(name: str, k: int) -> NormConfig:
+    """`VARIANTS[name]` with the default launch shape for K: its block_rows multiply a
+    one-row default tile (K >= 2048; the rows then sit in registers of the same threads,
+    the same per-row layout), split > 1 means one program per chunk, and a persistent variant
+    gets as many programs per SM as fit (the loop takes ~80 registers a thread, from
+    ptxas for sm_90: 3 programs of 8 warps)."""
+    base = norm_config(k)
+    entry = VARIANTS[name]
+    cfg = entry._replace(
+        block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
+        num_warps=base.num_warps,
+        split=_chunks(k)[1] if entry.split > 1 else 1,
+    )
+    if cfg.persistent:
+        cfg = cfg._replace(persistent=max(1, 65536 // (80 * 32 * cfg.num_warps)))
+    return cfg
+
+
+def _sm_count(dev: torch.device) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 # --------------------------------------------------------------------------- python entry points
@@ -389,7 +618,9 @@ CONFIG_OVERRIDE: dict = {}
 
 def _check2d(name: str, t: torch.Tensor):
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}")
+        raise ValueError(
+            f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}"
+        )
 
 
 def _out_views(m, k, swizzled, dev, out_codes, out_scales):
@@ -424,7 +655,7 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset,
-                 out_codes=None, out_scales=None):  # fmt: skip
+                 out_codes=None, out_scales=None, config: NormConfig | None = None):  # fmt: skip
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
@@ -445,27 +676,46 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         raise ValueError("triton_norm_quant: out_codes / out_scales need quant")
     if m_grid == 0:
         return codes, scales, res_out, y
-    block_k = _block_k(k)
-    ch = max(128, block_k // 4)
-    bm, rpp, nw = CONFIG_OVERRIDE.get("row") or row_config(block_k, m)
-    grid = (triton.cdiv(m_grid, bm * rpp),)
+    ch, nch = _chunks(k)
+    cfg = config or norm_config(k, m, bool(quant and swizzled))
+    bm = cfg.block_rows
+    n_tiles = triton.cdiv(m_grid, bm)
+    if cfg.persistent and cfg.split > 1:
+        raise ValueError(f"triton_norm_quant: a persistent grid does not split rows, got {cfg}")
+    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles, max(1, cfg.split))
     r = residual if has_res else x
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
         codes if quant else x, scales if quant else x,
-        m, m_grid, k, x.stride(0), r.stride(0),
+        m, m_grid, n_tiles, k, x.stride(0), r.stride(0),
         _row_stride(codes, k) if quant else k, _row_stride(scales, s) if quant else s,
         s, sp, float(eps), float(weight_offset),
-        int(bool(round_sum and has_res)), int(bool(emit_y)), int(bool(swizzled)),
-        HAS_RES=has_res, QUANT=quant, BM=bm, RPP=rpp, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
-        num_warps=nw, enable_fp_fusion=False,
+        HAS_RES=has_res, QUANT=quant, ROUND_SUM=bool(round_sum and has_res), EMIT_Y=bool(emit_y and quant),
+        SWIZZLED=bool(quant and swizzled), BM=bm, CH=ch, NCH=nch, LOG_CH=ch.bit_length() - 1,
+        TREE=_code(_TREES, "tree", cfg.tree), RSQRT=_code(_RSQRTS, "rsqrt", cfg.rsqrt),
+        QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
+        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store),
+        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent), SPLIT=max(1, cfg.split),
+        LOAD_FENCE=bool(cfg.load_fence),
+        num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
 
 
-def gemma_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """Unfused Gemma norm: `(y, residual_out)` (residual_out is None without a residual)."""
-    _, _, res_out, y = _launch_norm(x, residual, weight, eps, False, False, False, False, 1.0)
+def gemma_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    config: NormConfig | None = None,
+):
+    """Unfused Gemma norm: `(y, residual_out)` (residual_out is None without a residual).
+
+    `config`: launch shape / variant (default :func:`norm_config`); its `tree` and `rsqrt`
+    must match the fused op's for the two to agree bitwise.
+    """
+    _, _, res_out, y = _launch_norm(x, residual, weight, eps, False, False, False, False, 1.0, config=config)
     return y, res_out
 
 
@@ -481,6 +731,7 @@ def fused_norm_quant(
     weight_offset: float = 1.0,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    config: NormConfig | None = None,
 ):
     """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`.
 
@@ -488,9 +739,10 @@ def fused_norm_quant(
     into these caller-provided 2-D views (any row stride, unit last stride), e.g.
     `packed[:, :K].view(float8_e4m3fn)` and `packed[:, K:]` of a row-packed byte buffer;
     they are returned as `codes` / `scales`. Only addresses change: same bits.
+    `config`: launch shape / variant (default :func:`norm_config`), as in :func:`gemma_norm`.
     """
     return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset,
-                        out_codes, out_scales)  # fmt: skip
+                        out_codes, out_scales, config)  # fmt: skip
 
 
 def quantize(
@@ -499,10 +751,12 @@ def quantize(
     *,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    config: QuantConfig | None = None,
 ):
     """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`).
 
     `out_codes` / `out_scales`: caller-provided output views, as in :func:`fused_norm_quant`.
+    `config`: tiles and variant (default :func:`quant_config`; every config gives the same bits).
     """
     _check2d("x", x)
     m, k = x.shape
@@ -513,12 +767,13 @@ def quantize(
     codes, scales = _out_views(m, k, swizzled, x.device, out_codes, out_scales)
     if m_grid == 0:
         return codes, scales
-    bm, bc, nw = CONFIG_OVERRIDE.get("quant") or quant_config(k, m)
+    cfg = config or quant_config(k, m)
+    bm, bc = cfg.block_rows, cfg.block_cols
     grid = (triton.cdiv(m_grid, bm), triton.cdiv(k, bc))
     _quant_kernel[grid](
-        x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s),
-        s, sp, int(bool(swizzled)),
-        BM=bm, BC=bc, num_warps=nw, enable_fp_fusion=False,
+        x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s), s, sp,
+        SWIZZLED=bool(swizzled), BM=bm, BC=bc, QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
+        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store), num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales
 
