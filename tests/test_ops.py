@@ -243,7 +243,10 @@ def test_fake_impls_trace_symbolic_rows():
         (lambda: mx.gemma_rmsnorm(torch.randn(4, 64), torch.zeros(64), 1e-6), r"float32"),
         (
             lambda: mx.gemma_fused_add_rmsnorm(
-                torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16), torch.zeros(64), 1e-6
+                torch.randn(4, 64, dtype=torch.bfloat16),
+                torch.randn(3, 64, dtype=torch.bfloat16),
+                torch.zeros(64),
+                1e-6,
             ),
             r"residual \(3, 64\)",
         ),
@@ -269,6 +272,51 @@ def test_fake_impls_trace_symbolic_rows():
 )
 def test_bad_input_names_the_op_and_shapes(call, message):
     with pytest.raises(MxfuseInputError, match=r"mxfuse::\w+: .*" + message):
+        call()
+
+
+def _norm_calls(eps: float):
+    """Every op that takes eps, called with `eps` on valid tensors."""
+    x, r = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.zeros(64)
+    return {
+        "gemma_rmsnorm": lambda: mx.gemma_rmsnorm(x, w, eps),
+        "gemma_fused_add_rmsnorm": lambda: mx.gemma_fused_add_rmsnorm(x, r, w, eps),
+        "gemma_rmsnorm_mxfp8": lambda: mx.gemma_rmsnorm_mxfp8(x, w, eps),
+        "gemma_fused_add_rmsnorm_mxfp8": lambda: mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, eps),
+        "gemma_rmsnorm_mxfp8_packed": lambda: mx.gemma_rmsnorm_mxfp8_packed(x, w, eps),
+        "gemma_fused_add_rmsnorm_mxfp8_packed": lambda: mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, eps),
+    }
+
+
+@pytest.mark.parametrize("op", list(_norm_calls(0.0)))
+@pytest.mark.parametrize("eps", [-1e-6, float("nan")])
+def test_negative_or_nan_eps_is_rejected_by_every_norm_op(op, eps):
+    with pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: eps=(-1e-06|nan) must be >= 0"):
+        _norm_calls(eps)[op]()
+    with FakeTensorMode(), pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: eps="):
+        _norm_calls(eps)[op]()  # the fake impl checks too: a compile fails at trace time, not in the kernel
+    _norm_calls(0.0)[op]()  # eps = 0 stays valid
+
+
+@pytest.mark.parametrize(
+    "op,call",
+    [
+        ("mxfp8_quantize", lambda: mx.mxfp8_quantize(torch.empty(4, 0))),
+        ("mxfp8_quantize", lambda: mx.mxfp8_quantize(torch.empty(0, 0), True)),
+        ("mxfp8_quantize_packed", lambda: mx.mxfp8_quantize_packed(torch.empty(4, 0))),
+        ("gemma_rmsnorm", lambda: mx.gemma_rmsnorm(torch.empty(4, 0, dtype=torch.bfloat16), torch.empty(0), 1e-6)),
+        (
+            "mxfp8_linear",
+            lambda: mx.mxfp8_linear(
+                *(torch.empty(4, 0, dtype=torch.float8_e4m3fn), torch.empty(4, 0, dtype=torch.uint8)) * 2,
+                torch.bfloat16,
+            ),
+        ),
+    ],
+)
+def test_empty_hidden_size_is_an_input_error(op, call):
+    with pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: hidden size K=0 of \w+ \(\d+, 0\)"):
         call()
 
 

@@ -14,12 +14,13 @@ from mxfuse.ops.library import (
     mxfp8_quantize,
     mxfp8_swizzle_scales,
 )
+from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.ops.packed import (
     gemma_fused_add_rmsnorm_mxfp8_packed,
     gemma_rmsnorm_mxfp8_packed,
     mxfp8_quantize_packed,
 )
-from mxfuse.ops.reference import BLOCK, dequantize
+from mxfuse.ops.reference import dequantize
 
 __all__ = [
     "BLOCK",
