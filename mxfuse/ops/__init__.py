@@ -4,6 +4,7 @@ Importing this package registers the ops with torch.library (the only global sta
 mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
 """
 
+from mxfuse.ops import autograd
 from mxfuse.ops.library import (
     MxfuseInputError,
     gemma_fused_add_rmsnorm,
@@ -21,6 +22,8 @@ from mxfuse.ops.packed import (
     mxfp8_quantize_packed,
 )
 from mxfuse.ops.reference import dequantize
+
+autograd.register()
 
 __all__ = [
     "BLOCK",
