@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width, scale_columns
 from mxfuse.ops.reference import dequantize
 
 pytestmark = [
@@ -23,7 +24,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-FP8 = torch.float8_e4m3fn
 # output tolerance per element, relative to sum_k |a_k| |w_k| (the row/column magnitude):
 # bf16 rounding is 2**-9 of |out| <= that sum; fp16 2**-12; fp32 accumulation far below.
 TOL = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10, torch.float32: 2.0**-13}
@@ -40,9 +40,9 @@ def _rows(m, k, seed, spread=True):
     if spread and m:
         # rows and 32-blocks of very different magnitudes: scales cover a wide range
         x = x * torch.exp2(torch.randint(-20, 21, (m, 1), generator=g).float())
-        x = x * torch.exp2(torch.randint(-6, 7, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).view(
-            m, k
-        )
+        x = x * torch.exp2(torch.randint(-6, 7, (m, scale_columns(k), 1), generator=g).float()).repeat_interleave(
+            32, 1
+        ).view(m, k)
     return x.to(torch.bfloat16)
 
 
@@ -106,11 +106,11 @@ def test_large_m_and_out_dtypes(out_dtype):
 def test_strided_packed_views(m, n, k):
     """Activations as zero-copy views of a row-packed [M, K + K/32] byte buffer."""
     codes, scales = _quant(_rows(m, k, seed=3))
-    buf = torch.empty(m, k + k // 32, dtype=torch.uint8, device="cuda")
+    buf = torch.empty(m, packed_width(k), dtype=torch.uint8, device="cuda")
     buf[:, :k] = codes.view(torch.uint8)
     buf[:, k:] = scales
-    c_view, s_view = buf[:, :k].view(FP8), buf[:, k:]
-    assert c_view.stride(0) == k + k // 32 and s_view.stride(0) == k + k // 32
+    c_view, s_view = buf[:, :k].view(FP8_DTYPE), buf[:, k:]
+    assert c_view.stride(0) == packed_width(k) and s_view.stride(0) == packed_width(k)
     wc, ws = _quant(_rows(n, k, seed=4, spread=False))
     out = torch.ops.mxfuse.mxfp8_linear(c_view, s_view, wc, ws, torch.bfloat16)
     _check(out, codes, scales, wc, ws, torch.bfloat16)
@@ -126,7 +126,9 @@ def test_every_element_written_and_leading_dims():
     poison = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
     out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.float32, out=poison)
     _check(out, codes, scales, wc, ws, torch.float32)
-    out3 = torch.ops.mxfuse.mxfp8_linear(codes.view(2, 65, k), scales.view(2, 65, k // 32), wc, ws, torch.bfloat16)
+    out3 = torch.ops.mxfuse.mxfp8_linear(
+        codes.view(2, 65, k), scales.view(2, 65, scale_columns(k)), wc, ws, torch.bfloat16
+    )
     assert out3.shape == (2, 65, n)
     assert torch.equal(out3.view(m, n), torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16))
 

@@ -93,7 +93,9 @@ def make_set(m, n, k, need_bf16=True):
 def set_bytes(m, n, k, bf16=False):
     if bf16:
         return 2 * (m * k + n * k) + 2 * m * n
-    return (m * k + n * k) * 33 // 32 + 2 * m * n
+    from mxfuse.ops.mx_layout import packed_width
+
+    return (m + n) * packed_width(k) + 2 * m * n  # codes + scales of both operands, bf16 out
 
 
 # ------------------------------------------------------------------ main bench
@@ -206,6 +208,8 @@ def sweep_candidates(m):
 
 def bench_composite(ms, log=print):
     """norm + quant + qkv GEMM (N 2560, K 6144): fused vs. unfused vs. bf16."""
+    from mxfuse.ops.mx_layout import packed_width
+
     n, k = 2560, 6144
     try:
         from mxfuse.ops import triton_norm_quant  # noqa: F401
@@ -215,7 +219,7 @@ def bench_composite(ms, log=print):
     rows = []
     eps = 1e-6
     for m in ms:
-        per_set = m * k * 2 * 3 + n * k * 33 // 32 + n * k * 2
+        per_set = m * k * 2 * 3 + n * packed_width(k) + n * k * 2
         nsets = n_sets_for(per_set)
         sets = []
         for _ in range(nsets):
