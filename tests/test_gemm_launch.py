@@ -13,7 +13,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from mxfuse.ops import reference, triton_gemm
+from mxfuse.ops import reference, triton_gemm  # noqa: E402  (after the skip: Triton is optional)
 
 KERNELS = ("_mx_gemm_swap_kernel", "_chunk_sum_kernel", "_dequant_rows_kernel")
 GEMM_KERNEL = triton_gemm._mx_gemm_swap_kernel  # the real one, for the sm_90 compile
@@ -91,7 +91,7 @@ def test_decode_kernel_compiles_for_sm90(launches):
     _, _, args, kw = next(launch for launch in launches if launch[0] == "_mx_gemm_swap_kernel")
     kernel = GEMM_KERNEL
     pointer = {torch.float8_e4m3fn: "*fp8e4nv", torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
-    values = dict(zip(kernel.arg_names, args)) | kw
+    values = dict(zip(kernel.arg_names, args, strict=False)) | kw  # positional args, then the constexprs
     signature, constexprs = {}, {}
     for param in kernel.params:
         value = values[param.name]

@@ -379,9 +379,9 @@ def test_norm_backward_matches_autograd_of_the_reference(fused_add, weight_dtype
 
     op = mx.gemma_fused_add_rmsnorm if fused_add else mx.gemma_rmsnorm
     (outs, got), (ref_outs, expected) = grads(lambda *a: op(*a, 1e-6)), grads(ref)
-    for a, b in zip(outs, ref_outs):
+    for a, b in zip(outs, ref_outs, strict=True):
         assert_bitwise(a.reshape(-1, 96), b.reshape(-1, 96))  # the forward is the contract: bitwise
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
     if fused_add:
@@ -423,5 +423,5 @@ def test_compiled_norm_trains():
 
     expected = torch.autograd.grad(loss(x, r), (x, r, norm.w))
     got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(x, r), (x, r, norm.w))
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert_bitwise(a, b)

@@ -110,14 +110,19 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         bf = nsets
         r = dict(shape=name, N=n, K=k, M=m, sets=nsets)
         r["ours"] = time_cuda_graph(
-            [lambda d=d: torch.ops.mxfuse.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16) for d in sets]
+            [
+                lambda d=d: torch.ops.mxfuse.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16)
+                for d in sets
+            ]
         )
         r["cublas"] = time_cuda_graph([lambda d=d: torch.matmul(d["xb"], d["wbT"]) for d in sets[:bf]])
         r["variant"] = PRODUCT
         for variant in TIMED_VARIANTS:
             try:
                 run = gemm(variant)
-                r[variant] = time_cuda_graph([lambda d=d: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets])
+                r[variant] = time_cuda_graph(
+                    [lambda d=d, run=run: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets]
+                )
             except Exception as e:  # noqa: BLE001
                 log(f"{variant} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
                 r[variant] = float("nan")
@@ -125,7 +130,7 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
             for variant, cfg in sweep_cfgs(m):
                 try:
                     run = gemm(variant, cfg)
-                    t = time_cuda_graph([lambda d=d: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets])
+                    t = time_cuda_graph([lambda d=d, run=run: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets])
                 except Exception as e:  # noqa: BLE001
                     log(f"  sweep {variant} {cfg} failed: {type(e).__name__}: {str(e)[:300]}")
                     t = float("nan")
@@ -137,8 +142,10 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         r["tflops"] = flops / (r["ours"] * 1e-6) / 1e12
         r["tbs"] = set_bytes(m, n, k) / (r["ours"] * 1e-6) / 1e12
         rows.append(r)
-        log(f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
-            + ", ".join(f"{v} {r[v]:.2f}" for v in TIMED_VARIANTS))
+        log(
+            f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
+            + ", ".join(f"{v} {r[v]:.2f}" for v in TIMED_VARIANTS)
+        )
     return rows, sweep_rows
 
 
@@ -218,6 +225,7 @@ def bench_composite(ms, log=print):
         return []
     rows = []
     eps = 1e-6
+    ops = torch.ops.mxfuse
     for m in ms:
         per_set = m * k * 2 * 3 + n * packed_width(k) + n * k * 2
         nsets = n_sets_for(per_set)
@@ -231,7 +239,6 @@ def bench_composite(ms, log=print):
 
             wbT = dequantize(wc, ws).to(torch.bfloat16).t()
             sets.append(dict(x=x, res=res, w=w, wc=wc, ws=ws, wbT=wbT))
-        ops = torch.ops.mxfuse
 
         def fused(d):
             c, s, r, _ = ops.gemma_fused_add_rmsnorm_mxfp8(d["x"], d["res"], d["w"], eps)
@@ -251,9 +258,7 @@ def bench_composite(ms, log=print):
             row["fused"] = time_cuda_graph([lambda d=d: fused(d) for d in sets])
             row["unfused"] = time_cuda_graph([lambda d=d: unfused(d) for d in sets])
             row["bf16_norm_matmul"] = time_cuda_graph([lambda d=d: bf16(d) for d in sets])
-            row["bf16_matmul"] = time_cuda_graph(
-                [lambda d=d: torch.matmul(d["x"], d["wbT"]) for d in sets]
-            )
+            row["bf16_matmul"] = time_cuda_graph([lambda d=d: torch.matmul(d["x"], d["wbT"]) for d in sets])
         except Exception as e:  # noqa: BLE001
             log(f"composite failed at M={m}: {type(e).__name__}: {str(e)[:300]}")
             return rows
@@ -282,9 +287,7 @@ def gemm_table(rows, copy_tbs):
     for r in rows:
         out.append(
             f"| {r['shape']} ({r['N']}, {r['K']}) | {r['M']} | {r['ours']:.2f} | {r['tflops']:.1f} | {r['tbs']:.2f} | "
-            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | "
-            + " | ".join(f"{r[v]:.2f}" for v in others)
-            + " |"
+            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | " + " | ".join(f"{r[v]:.2f}" for v in others) + " |"
         )
     return "\n".join(out)
 
