@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
-from mxfuse.ops.reference import BLOCK
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -188,6 +188,15 @@ class MXFP8Linear(nn.Module):
         codes, scales = torch.ops.mxfuse.mxfp8_quantize(weight)
         self.register_buffer("weight_codes", codes)
         self.register_buffer("weight_scales", scales)
+
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)`, `.half()`, `.float()` cast every floating-point buffer, the fp8 weight codes
+        too; the codes go through `fn` as their uint8 bytes, so a device move applies and a cast does not."""
+        self.weight_codes = self.weight_codes.view(SCALE_DTYPE)
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self.weight_codes = self.weight_codes.view(FP8_DTYPE)
 
     def forward(self, x: Tensor) -> Tensor:
         codes, scales = torch.ops.mxfuse.mxfp8_quantize(x)

@@ -14,6 +14,7 @@ from graph_helpers import assert_bitwise
 
 import mxfuse  # noqa: F401
 from mxfuse.ops import reference
+from mxfuse.ops.mx_layout import scale_columns
 
 mx = torch.ops.mxfuse
 BATCHES = (1, 7, 64, 257, 4096, 16384)
@@ -39,7 +40,7 @@ def outputs(x, residual, weight, swizzled, fused):
             y, residual_out = mx.gemma_fused_add_rmsnorm(x, residual, weight, 1e-6)
         codes, scales = mx.mxfp8_quantize(y, swizzled)
     if swizzled:
-        scales = reference.unswizzle_scales(scales, x.shape[0], x.shape[1] // 32)
+        scales = reference.unswizzle_scales(scales, x.shape[0], scale_columns(x.shape[1]))
     return [t for t in (codes, scales, residual_out, y) if t is not None]
 
 

@@ -2,15 +2,21 @@
 
 Compared with a float64 matmul of the exactly dequantized operands. Quantized inputs
 come from `torch.ops.mxfuse.mxfp8_quantize` (its CPU reference impl, so these tests do
-not depend on the quant kernel), moved to the GPU. Skipped without CUDA.
+not depend on the quant kernel), moved to the GPU. The variants the product kernel
+("swap") was chosen against live in tools/gemm_variants.py; they are checked here too
+(same chunked sums, so the same batch invariance). Skipped without CUDA.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width, scale_columns
 from mxfuse.ops.reference import dequantize
 
 pytestmark = [
@@ -18,7 +24,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-FP8 = torch.float8_e4m3fn
 # output tolerance per element, relative to sum_k |a_k| |w_k| (the row/column magnitude):
 # bf16 rounding is 2**-9 of |out| <= that sum; fp16 2**-12; fp32 accumulation far below.
 TOL = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10, torch.float32: 2.0**-13}
@@ -35,7 +40,9 @@ def _rows(m, k, seed, spread=True):
     if spread and m:
         # rows and 32-blocks of very different magnitudes: scales cover a wide range
         x = x * torch.exp2(torch.randint(-20, 21, (m, 1), generator=g).float())
-        x = x * torch.exp2(torch.randint(-6, 7, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).view(m, k)
+        x = x * torch.exp2(torch.randint(-6, 7, (m, scale_columns(k), 1), generator=g).float()).repeat_interleave(
+            32, 1
+        ).view(m, k)
     return x.to(torch.bfloat16)
 
 
@@ -53,6 +60,25 @@ def _check(out, codes, scales, wc, ws, out_dtype):
     if ref.numel():
         rel = float((o - ref).norm() / ref.norm().clamp_min(1e-300))
         assert rel < TOL[out_dtype], rel
+
+
+def linear(variant, codes, scales, wc, ws, out_dtype=torch.bfloat16, config=None):
+    """The product kernel (variant "swap", `triton_gemm.GemmConfig`) or a comparison variant
+    of tools/gemm_variants.py (`TiledConfig`)."""
+    from mxfuse.ops import triton_gemm
+
+    if variant == "swap":
+        return triton_gemm.mxfp8_linear(codes, scales, wc, ws, out_dtype, config=config)
+    return gemm_variants().mxfp8_linear(codes, scales, wc, ws, out_dtype, variant=variant, config=config)
+
+
+def gemm_variants():
+    tools = str(Path(__file__).resolve().parents[1] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import gemm_variants
+
+    return gemm_variants
 
 
 SHAPES = [(2560, 6144), (6144, 1536), (256, 2304), (64, 96)]
@@ -80,11 +106,11 @@ def test_large_m_and_out_dtypes(out_dtype):
 def test_strided_packed_views(m, n, k):
     """Activations as zero-copy views of a row-packed [M, K + K/32] byte buffer."""
     codes, scales = _quant(_rows(m, k, seed=3))
-    buf = torch.empty(m, k + k // 32, dtype=torch.uint8, device="cuda")
+    buf = torch.empty(m, packed_width(k), dtype=torch.uint8, device="cuda")
     buf[:, :k] = codes.view(torch.uint8)
     buf[:, k:] = scales
-    c_view, s_view = buf[:, :k].view(FP8), buf[:, k:]
-    assert c_view.stride(0) == k + k // 32 and s_view.stride(0) == k + k // 32
+    c_view, s_view = buf[:, :k].view(FP8_DTYPE), buf[:, k:]
+    assert c_view.stride(0) == packed_width(k) and s_view.stride(0) == packed_width(k)
     wc, ws = _quant(_rows(n, k, seed=4, spread=False))
     out = torch.ops.mxfuse.mxfp8_linear(c_view, s_view, wc, ws, torch.bfloat16)
     _check(out, codes, scales, wc, ws, torch.bfloat16)
@@ -100,7 +126,9 @@ def test_every_element_written_and_leading_dims():
     poison = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
     out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.float32, out=poison)
     _check(out, codes, scales, wc, ws, torch.float32)
-    out3 = torch.ops.mxfuse.mxfp8_linear(codes.view(2, 65, k), scales.view(2, 65, k // 32), wc, ws, torch.bfloat16)
+    out3 = torch.ops.mxfuse.mxfp8_linear(
+        codes.view(2, 65, k), scales.view(2, 65, scale_columns(k)), wc, ws, torch.bfloat16
+    )
     assert out3.shape == (2, 65, n)
     assert torch.equal(out3.view(m, n), torch.ops.mxfuse.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16))
 
@@ -122,12 +150,10 @@ def test_extreme_scales():
 
 @pytest.mark.parametrize("variant", ["fp8", "bf16", "dot_scaled", "swap"])
 def test_variants(variant):
-    from mxfuse.ops import triton_gemm
-
     for m, n, k in [(1, 256, 1536), (37, 128, 2304), (512, 384, 1024)]:
         codes, scales = _quant(_rows(m, k, seed=m))
         wc, ws = _quant(_rows(n, k, seed=n, spread=False))
-        out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant)
+        out = linear(variant, codes, scales, wc, ws)
         _check(out, codes, scales, wc, ws, torch.bfloat16)
 
 
@@ -135,14 +161,12 @@ def test_variants(variant):
 @pytest.mark.parametrize("n,k", [(2560, 6144), (6144, 2304)])
 def test_batch_invariance(variant, n, k):
     """A row's bits do not depend on M (tile shapes change with M, the K order does not)."""
-    from mxfuse.ops import triton_gemm
-
     big = 2048
     codes, scales = _quant(_rows(big, k, seed=21))
     wc, ws = _quant(_rows(n, k, seed=22, spread=False) * 0.02)
 
     def run(c, s):
-        return triton_gemm.mxfp8_linear(c, s, wc, ws, torch.bfloat16, variant=variant)
+        return linear(variant, c, s, wc, ws)
 
     full = run(codes, scales)
     for m in (1, 3, 16, 37, 64, 65, 200, 511, 512, 1000):
@@ -155,18 +179,18 @@ def test_batch_invariance(variant, n, k):
             )
 
 
-@pytest.mark.xfail(strict=False, reason="informational: mma.sync (BM 16) vs wgmma tiles may round a 32-chunk differently")
+@pytest.mark.xfail(
+    strict=False, reason="informational: mma.sync (BM 16) vs wgmma tiles may round a 32-chunk differently"
+)
 @pytest.mark.parametrize("variant", ["fp8", "bf16"])
 def test_batch_invariance_mma_sync_tile(variant):
     """Would a BM=16 (mma.sync) decode tile give the same bits as the wgmma tiles?"""
-    from mxfuse.ops import triton_gemm
-
     n, k = 2560, 6144
     codes, scales = _quant(_rows(512, k, seed=31))
     wc, ws = _quant(_rows(n, k, seed=32, spread=False) * 0.02)
-    full = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant)
-    cfg = dict(BM=16, BN=16, BK=256, GROUP_M=1, num_warps=4, num_stages=4)
-    part = triton_gemm.mxfp8_linear(codes[:16], scales[:16], wc, ws, torch.bfloat16, variant=variant, config=cfg)
+    full = linear(variant, codes, scales, wc, ws)
+    cfg = gemm_variants().TiledConfig(16, 16, 256, group_m=1, num_warps=4, num_stages=4)
+    part = linear(variant, codes[:16], scales[:16], wc, ws, config=cfg)
     assert torch.equal(part, full[:16]), f"{int((part != full[:16]).sum())} elements differ"
 
 
@@ -175,55 +199,56 @@ def test_batch_invariance_mma_sync_tile(variant):
 def test_split_k_equals_unsplit(variant, m, n, k):
     """Decode's split over the fixed K chunks (workspace + ordered chunk sum) gives the bits
     of the single-pass loop over the same chunks, for any tile (K 1664: a short last chunk)."""
-    from mxfuse.ops import triton_gemm
-
+    tiled = gemm_variants().TiledConfig
     codes, scales = _quant(_rows(m, k, seed=41))
     wc, ws = _quant(_rows(n, k, seed=42, spread=False) * 0.02)
-    base = dict(BM=64, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)
-    ref = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant, config=base)
+    base = tiled(64, 32, 256, group_m=1, num_warps=4, num_stages=3)
+    ref = linear(variant, codes, scales, wc, ws, config=base)
     _check(ref, codes, scales, wc, ws, torch.bfloat16)
-    for cfg in (dict(base, SPLIT=True), dict(base, BN=16, SPLIT=True), dict(base, BK=128, num_stages=4, SPLIT=True),
-                dict(BM=128, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=3)):  # fmt: skip
-        got = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant, config=cfg)
+    for cfg in (base._replace(split_k=True), base._replace(block_n=16, split_k=True),
+                base._replace(block_k=128, num_stages=4, split_k=True), tiled(128, 128, 128, 8, 8, 3)):  # fmt: skip
+        got = linear(variant, codes, scales, wc, ws, config=cfg)
         assert torch.equal(got, ref), f"{variant} {cfg}: {int((got != ref).sum())} elements differ"
-    assert torch.equal(triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant=variant), ref)
+    assert torch.equal(linear(variant, codes, scales, wc, ws), ref)
 
 
-SWAP_TILES = [
-    dict(BN=64, BM=16, BK=128, GROUP_N=1, num_warps=4, num_stages=4, SPLIT=True),
-    dict(BN=64, BM=64, BK=256, GROUP_N=1, num_warps=4, num_stages=3, SPLIT=True),
-    dict(BN=128, BM=16, BK=128, GROUP_N=1, num_warps=4, num_stages=4, SPLIT=True),
-    dict(BN=64, BM=32, BK=256, GROUP_N=8, num_warps=4, num_stages=4, FLAT=True),
-    dict(BN=128, BM=64, BK=128, GROUP_N=8, num_warps=4, num_stages=4),
-    dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True),
-    dict(BN=128, BM=128, BK=128, GROUP_N=8, num_warps=8, num_stages=3, FLAT=True, X_BF16=True, W_BF16=True),
-]
+def swap_tiles():
+    """Product-kernel configs: (weight rows, activation rows, block_k, group, warps, stages, flags)."""
+    from mxfuse.ops.triton_gemm import GemmConfig
+
+    x_first = {"dequantize_activations_first": True}
+    both = {**x_first, "dequantize_weight_first": True}
+    return [
+        GemmConfig(64, 16, 128, 1, 4, 4, split_k=True),
+        GemmConfig(64, 64, 256, 1, 4, 3, split_k=True),
+        GemmConfig(128, 16, 128, 1, 4, 4, split_k=True),
+        GemmConfig(64, 32, 256, 8, 4, 4, flat_k_loop=True),
+        GemmConfig(128, 64, 128, 8, 4, 4),
+        GemmConfig(128, 128, 128, 8, 8, 3, flat_k_loop=True, **x_first),
+        GemmConfig(128, 128, 128, 8, 8, 3, flat_k_loop=True, **both),
+    ]
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 2560, 6144), (37, 384, 1664), (300, 6144, 2304)])
 def test_swap_tiles_agree(m, n, k):
     """Every "swap" tiling (split or not, nested or flat chunk loop, operands dequantized on
     chip or up front) sums the same chunks in the same order: identical bits."""
-    from mxfuse.ops import triton_gemm
-
     codes, scales = _quant(_rows(m, k, seed=51))
     wc, ws = _quant(_rows(n, k, seed=52, spread=False) * 0.02)
-    ref = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant="swap")
+    ref = linear("swap", codes, scales, wc, ws)
     _check(ref, codes, scales, wc, ws, torch.bfloat16)
-    for cfg in SWAP_TILES:
-        got = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant="swap", config=cfg)
+    for cfg in swap_tiles():
+        got = linear("swap", codes, scales, wc, ws, config=cfg)
         assert torch.equal(got, ref), f"swap {cfg}: {int((got != ref).sum())} elements differ"
 
 
 @pytest.mark.xfail(strict=False, reason="informational: does swapping the wgmma operands change the bits?")
 def test_swap_equals_bf16():
-    from mxfuse.ops import triton_gemm
-
     n, k = 2560, 6144
     codes, scales = _quant(_rows(300, k, seed=61))
     wc, ws = _quant(_rows(n, k, seed=62, spread=False) * 0.02)
-    a = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant="swap")
-    b = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, variant="bf16")
+    a = linear("swap", codes, scales, wc, ws)
+    b = linear("bf16", codes, scales, wc, ws)
     assert torch.equal(a, b), f"{int((a != b).sum())} of {a.numel()} elements differ"
 
 

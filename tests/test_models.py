@@ -128,6 +128,34 @@ def test_mxfp8_linear_module():
     assert lin(x.view(2, 5, 128)).shape == (2, 5, 96)
 
 
+def _quantized_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: b for n, b in model.named_buffers() if n.endswith(("weight_codes", "weight_scales"))}
+
+
+def test_dtype_casts_keep_the_mxfp8_weights():
+    """`.to(dtype)` / `.half()` / `.float()` cast floating-point buffers, fp8 codes included: the
+    codes and scales must come through with their dtypes and bytes (a cast code is a different weight)."""
+    model = Model(ModelConfig.tiny(n_layers=1))
+    ids = example_inputs(model.config, 7)
+    before = {n: b.clone() for n, b in _quantized_buffers(model).items()}
+    assert len(before) == 8
+    with torch.no_grad():
+        expected = model(ids)
+        out = model.to(torch.bfloat16)(ids)  # a no-op on a bf16 model: same bits
+        assert_bitwise(out, expected)
+        for cast in (lambda m: m.to(torch.float16), lambda m: m.half(), lambda m: m.float(), lambda m: m.bfloat16()):
+            cast(model)
+            for name, buf in _quantized_buffers(model).items():
+                assert buf.dtype == before[name].dtype, (name, buf.dtype)
+                assert torch.equal(buf.view(torch.uint8), before[name].view(torch.uint8)), name
+        half = model.to(torch.float16)(ids)  # activations, norm weights and embedding in fp16: still runs
+        assert half.dtype == torch.float16 and torch.isfinite(half).all()
+        assert_bitwise(model.to(torch.bfloat16)(ids), expected)
+    lin = model.layers[0].qkv_proj.float()  # the linear alone takes fp32 activations
+    assert lin(torch.randn(3, 256)).dtype == torch.float32
+    assert lin.to("meta").weight_codes.dtype == torch.float8_e4m3fn  # a device move still applies
+
+
 def test_gemma_norm_module():
     gen = torch.Generator().manual_seed(4)
     norm = GemmaNorm(64, 1e-6, gen)

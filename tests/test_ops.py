@@ -243,7 +243,10 @@ def test_fake_impls_trace_symbolic_rows():
         (lambda: mx.gemma_rmsnorm(torch.randn(4, 64), torch.zeros(64), 1e-6), r"float32"),
         (
             lambda: mx.gemma_fused_add_rmsnorm(
-                torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16), torch.zeros(64), 1e-6
+                torch.randn(4, 64, dtype=torch.bfloat16),
+                torch.randn(3, 64, dtype=torch.bfloat16),
+                torch.zeros(64),
+                1e-6,
             ),
             r"residual \(3, 64\)",
         ),
@@ -269,6 +272,51 @@ def test_fake_impls_trace_symbolic_rows():
 )
 def test_bad_input_names_the_op_and_shapes(call, message):
     with pytest.raises(MxfuseInputError, match=r"mxfuse::\w+: .*" + message):
+        call()
+
+
+def _norm_calls(eps: float):
+    """Every op that takes eps, called with `eps` on valid tensors."""
+    x, r = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.zeros(64)
+    return {
+        "gemma_rmsnorm": lambda: mx.gemma_rmsnorm(x, w, eps),
+        "gemma_fused_add_rmsnorm": lambda: mx.gemma_fused_add_rmsnorm(x, r, w, eps),
+        "gemma_rmsnorm_mxfp8": lambda: mx.gemma_rmsnorm_mxfp8(x, w, eps),
+        "gemma_fused_add_rmsnorm_mxfp8": lambda: mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, eps),
+        "gemma_rmsnorm_mxfp8_packed": lambda: mx.gemma_rmsnorm_mxfp8_packed(x, w, eps),
+        "gemma_fused_add_rmsnorm_mxfp8_packed": lambda: mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, eps),
+    }
+
+
+@pytest.mark.parametrize("op", list(_norm_calls(0.0)))
+@pytest.mark.parametrize("eps", [-1e-6, float("nan")])
+def test_negative_or_nan_eps_is_rejected_by_every_norm_op(op, eps):
+    with pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: eps=(-1e-06|nan) must be >= 0"):
+        _norm_calls(eps)[op]()
+    with FakeTensorMode(), pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: eps="):
+        _norm_calls(eps)[op]()  # the fake impl checks too: a compile fails at trace time, not in the kernel
+    _norm_calls(0.0)[op]()  # eps = 0 stays valid
+
+
+@pytest.mark.parametrize(
+    "op,call",
+    [
+        ("mxfp8_quantize", lambda: mx.mxfp8_quantize(torch.empty(4, 0))),
+        ("mxfp8_quantize", lambda: mx.mxfp8_quantize(torch.empty(0, 0), True)),
+        ("mxfp8_quantize_packed", lambda: mx.mxfp8_quantize_packed(torch.empty(4, 0))),
+        ("gemma_rmsnorm", lambda: mx.gemma_rmsnorm(torch.empty(4, 0, dtype=torch.bfloat16), torch.empty(0), 1e-6)),
+        (
+            "mxfp8_linear",
+            lambda: mx.mxfp8_linear(
+                *(torch.empty(4, 0, dtype=torch.float8_e4m3fn), torch.empty(4, 0, dtype=torch.uint8)) * 2,
+                torch.bfloat16,
+            ),
+        ),
+    ],
+)
+def test_empty_hidden_size_is_an_input_error(op, call):
+    with pytest.raises(MxfuseInputError, match=rf"mxfuse::{op}: hidden size K=0 of \w+ \(\d+, 0\)"):
         call()
 
 
@@ -302,3 +350,78 @@ def test_property_fused_equals_unfused(m, blocks, scale, residual, swizzled, dty
     r = (torch.randn(m, k, generator=g) * scale).to(dtype) if residual else None
     w = torch.randn(k, generator=g).to(dtype)
     assert_bitwise(fused(x, r, w, 1e-6, swizzled), unfused(x, r, w, 1e-6, swizzled))
+
+
+# ----------------------------------------------------------------- autograd
+
+
+@pytest.mark.parametrize("fused_add", [False, True])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_norm_backward_matches_autograd_of_the_reference(fused_add, weight_dtype):
+    """The norms' registered backward == PyTorch autograd through the plain reference (fp32 math;
+    the order of the fp32 reductions differs, so bf16-rounded gradients may differ in the last bit)."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, 5, 96, generator=g) * 3).to(torch.bfloat16)
+    r = torch.randn(2, 5, 96, generator=g).to(torch.bfloat16)
+    w = (torch.randn(96, generator=g) * 0.1).to(weight_dtype)
+    dy, dres = (torch.randn(2, 5, 96, generator=g).to(torch.bfloat16) for _ in range(2))
+
+    def grads(norm):
+        leaves = [t.clone().requires_grad_() for t in ((x, r, w) if fused_add else (x, w))]
+        out = norm(*leaves)
+        outs, cotangents = ((out[0], out[1]), (dy, dres)) if fused_add else ((out,), (dy,))
+        return outs, torch.autograd.grad(outs, leaves, cotangents)
+
+    def ref(*args):
+        if fused_add:
+            return reference.gemma_fused_add_rmsnorm(args[0], args[1], args[2], 1e-6)
+        return reference.gemma_rmsnorm(args[0], args[1], 1e-6)
+
+    op = mx.gemma_fused_add_rmsnorm if fused_add else mx.gemma_rmsnorm
+    (outs, got), (ref_outs, expected) = grads(lambda *a: op(*a, 1e-6)), grads(ref)
+    for a, b in zip(outs, ref_outs, strict=True):
+        assert_bitwise(a.reshape(-1, 96), b.reshape(-1, 96))  # the forward is the contract: bitwise
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+    if fused_add:
+        assert torch.equal(got[0], got[1])  # x and residual enter only through their sum
+
+
+def _tiny_linear_block():
+    from mxfuse.models import GemmaNorm, MXFP8Linear
+
+    gen = torch.Generator().manual_seed(0)
+    norm, lin = GemmaNorm(64, 1e-6, gen), MXFP8Linear(64, 32, gen)
+    norm.w.requires_grad_(True)  # a trainable parameter, as in a model built for training
+    return norm, lin
+
+
+def test_compile_with_gradients_names_no_grad():
+    """Compiling with gradients enabled (no torch.no_grad()) fails with mxfuse's message, not AOTAutograd's."""
+    norm, lin = _tiny_linear_block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    compiled = torch.compile(lambda t: lin(norm(t)), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"mxfuse::mxfp8_linear has no backward.*torch\.no_grad\(\)"):
+        compiled(x)
+    eager = lin(norm(x))  # eager forward with gradients enabled still runs; its backward says the same
+    with pytest.raises(MxfuseInputError, match=r"torch\.inference_mode\(\)"):
+        eager.sum().backward()
+    with torch.no_grad():
+        assert_bitwise(compiled(x), lin(norm(x)))
+
+
+def test_compiled_norm_trains():
+    """The norms' backward is traceable: a compiled norm gives eager's gradients."""
+    norm, _ = _tiny_linear_block()
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+
+    def loss(t, res):
+        y, res_out = norm(t, res)
+        return (y.float() ** 2).sum() + res_out.float().sum()
+
+    expected = torch.autograd.grad(loss(x, r), (x, r, norm.w))
+    got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(x, r), (x, r, norm.w))
+    for a, b in zip(got, expected, strict=True):
+        assert_bitwise(a, b)

@@ -12,7 +12,9 @@ the L2 flushed before each replay, median of 7 replays, per call.
 
     PYTHONPATH=. python3 tools/bench_gemm.py [--out DIR] [--sweep] [--quick]
 
-`--sweep` also times a list of tile configurations per variant (development aid).
+`--sweep` also times a list of tile configurations of the product kernel (development aid).
+"swap" is the product kernel (`mxfuse.ops.triton_gemm`); the other variants are the ones
+it was chosen against (tools/gemm_variants.py).
 """
 
 from __future__ import annotations
@@ -34,12 +36,24 @@ SHAPES = [
     ("down", 6144, 2304),
 ]
 MS = [1, 16, 64, 256, 1024, 4096]
-TIMED_VARIANTS = ("swap", "bf16", "fp8", "dot_scaled")  # each with its default tiles
+PRODUCT = "swap"  # the product kernel (swapped operands), as the tables name it
+TIMED_VARIANTS = (PRODUCT, "bf16", "fp8", "dot_scaled")  # each with its default tiles
 SWEEP_DEADLINE = [float("inf")]  # wall-clock time after which --sweep stops adding configs
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph  # noqa: E402
+
+
+def gemm(variant: str, config=None):
+    """`(xc, xs, wc, ws) -> out` of the product kernel ("swap") or a comparison variant."""
+    from mxfuse.ops import triton_gemm
+
+    if variant == PRODUCT:
+        return lambda *ops: triton_gemm.mxfp8_linear(*ops, torch.bfloat16, config=config)
+    import gemm_variants
+
+    return lambda *ops: gemm_variants.mxfp8_linear(*ops, torch.bfloat16, variant=variant, config=config)
 
 
 def time_cuda_graph(calls_per_set) -> float:
@@ -79,15 +93,15 @@ def make_set(m, n, k, need_bf16=True):
 def set_bytes(m, n, k, bf16=False):
     if bf16:
         return 2 * (m * k + n * k) + 2 * m * n
-    return (m * k + n * k) * 33 // 32 + 2 * m * n
+    from mxfuse.ops.mx_layout import packed_width
+
+    return (m + n) * packed_width(k) + 2 * m * n  # codes + scales of both operands, bf16 out
 
 
 # ------------------------------------------------------------------ main bench
 
 
 def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
-    from mxfuse.ops import triton_gemm
-
     rows = []
     sweep_rows = []
     for m in ms:
@@ -96,19 +110,18 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         bf = nsets
         r = dict(shape=name, N=n, K=k, M=m, sets=nsets)
         r["ours"] = time_cuda_graph(
-            [lambda d=d: torch.ops.mxfuse.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16) for d in sets]
+            [
+                lambda d=d: torch.ops.mxfuse.mxfp8_linear(d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16)
+                for d in sets
+            ]
         )
         r["cublas"] = time_cuda_graph([lambda d=d: torch.matmul(d["xb"], d["wbT"]) for d in sets[:bf]])
-        r["variant"] = triton_gemm.DEFAULT_VARIANT
+        r["variant"] = PRODUCT
         for variant in TIMED_VARIANTS:
             try:
+                run = gemm(variant)
                 r[variant] = time_cuda_graph(
-                    [
-                        lambda d=d, v=variant: triton_gemm.mxfp8_linear(
-                            d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=v
-                        )
-                        for d in sets
-                    ]
+                    [lambda d=d, run=run: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets]
                 )
             except Exception as e:  # noqa: BLE001
                 log(f"{variant} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}")
@@ -116,18 +129,12 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         if sweep_cfgs and time.time() < SWEEP_DEADLINE[0]:
             for variant, cfg in sweep_cfgs(m):
                 try:
-                    t = time_cuda_graph(
-                        [
-                            lambda d=d: triton_gemm.mxfp8_linear(
-                                d["xc"], d["xs"], d["wc"], d["ws"], torch.bfloat16, variant=variant, config=cfg
-                            )
-                            for d in sets
-                        ]
-                    )
+                    run = gemm(variant, cfg)
+                    t = time_cuda_graph([lambda d=d, run=run: run(d["xc"], d["xs"], d["wc"], d["ws"]) for d in sets])
                 except Exception as e:  # noqa: BLE001
                     log(f"  sweep {variant} {cfg} failed: {type(e).__name__}: {str(e)[:300]}")
                     t = float("nan")
-                sweep_rows.append(dict(shape=name, M=m, variant=variant, cfg=cfg, us=t))
+                sweep_rows.append({"shape": name, "M": m, "variant": variant, "cfg": cfg, "us": t})
                 log(f"  sweep {name} M={m} {variant} {_cfg_str(cfg)}: {t:.2f} us")
         del sets
         torch.cuda.empty_cache()
@@ -135,64 +142,81 @@ def bench_shape(name, n, k, ms, sweep_cfgs=None, log=print):
         r["tflops"] = flops / (r["ours"] * 1e-6) / 1e12
         r["tbs"] = set_bytes(m, n, k) / (r["ours"] * 1e-6) / 1e12
         rows.append(r)
-        log(f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
-            + ", ".join(f"{v} {r[v]:.2f}" for v in TIMED_VARIANTS))
+        log(
+            f"{name} M={m}: ours {r['ours']:.2f} us, cuBLAS bf16 {r['cublas']:.2f} us, "
+            + ", ".join(f"{v} {r[v]:.2f}" for v in TIMED_VARIANTS)
+        )
     return rows, sweep_rows
 
 
+_FLAGS = {
+    "split_k": "SPLIT",
+    "flat_k_loop": "FLAT",
+    "dequantize_activations_first": "X_BF16",
+    "dequantize_weight_first": "W_BF16",
+}
+
+
 def _cfg_str(cfg):
-    flags = " ".join(f for f in ("SPLIT", "FLAT", "X_BF16", "W_BF16") if cfg.get(f))
-    chunk = f" chunk{cfg['CHUNK']}" if "CHUNK" in cfg else ""
-    if "BM" in cfg and "GROUP_N" in cfg:  # swap: weight rows x activation rows
-        tile = f"W{cfg['BN']}xX{cfg['BM']}x{cfg['BK']}"
+    """Short label of a GemmConfig (product) or TiledConfig (gemm_variants)."""
+    fields = cfg._asdict()
+    flags = " ".join(label for name, label in _FLAGS.items() if fields.get(name))
+    chunk = f" chunk{cfg.chunk}" if fields.get("chunk") else ""
+    if "weight_rows" in fields:
+        tile = f"W{cfg.weight_rows}xX{cfg.activation_rows}x{cfg.block_k}"
     else:
-        tile = f"{cfg['BM']}x{cfg['BN']}x{cfg['BK']}"
-    return f"{tile} w{cfg['num_warps']} s{cfg['num_stages']} {flags}{chunk}".strip()
+        tile = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
+    return f"{tile} w{cfg.num_warps} s{cfg.num_stages} {flags}{chunk}".strip()
 
 
 def sweep_candidates(m):
-    """Tile configurations tried by --sweep at this M: (variant, config). Every config sums
-    the same fixed K chunks (batch invariant) unless it sets CHUNK (timing only)."""
+    """Tile configurations of the product kernel tried by --sweep at this M: (variant, config).
+    Every config sums the same fixed K chunks (batch invariant) unless it sets `chunk` (timing only)."""
+    from mxfuse.ops.triton_gemm import GemmConfig
 
-    def sw(bn, bm, bk, w, s, g=8, **flags):
-        return "swap", dict(BN=bn, BM=bm, BK=bk, GROUP_N=g, num_warps=w, num_stages=s, **flags)
+    def sw(weight_rows, activation_rows, block_k, warps, stages, group=8, **flags):
+        return PRODUCT, GemmConfig(weight_rows, activation_rows, block_k, group, warps, stages, **flags)
 
     bm = min(64, max(16, 1 << (m - 1).bit_length()))
-    both = dict(FLAT=True, X_BF16=True, W_BF16=True)  # both operands dequantized up front
+    x_first = {"dequantize_activations_first": True}
+    both = {"dequantize_activations_first": True, "dequantize_weight_first": True}
+    flat_both = {"flat_k_loop": True, **both}  # both operands dequantized up front
     if m <= 64:
         return [
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True),
-            sw(64, bm, 128, 4, 3, 1, SPLIT=True),
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True, X_BF16=True),
-            sw(64, bm, 128, 4, 3, 1, SPLIT=True, X_BF16=True),
-            sw(64, min(bm, 32), 128, 4, 4, 1, SPLIT=True, X_BF16=True),
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True, X_BF16=True, W_BF16=True),
-            sw(64, bm, 128, 4, 4, 1, SPLIT=True, CHUNK=384),
-            sw(64, bm, 256, 4, 4, 1, FLAT=True),  # no split: one program per weight tile
+            sw(64, bm, 128, 4, 4, 1, split_k=True),
+            sw(64, bm, 128, 4, 3, 1, split_k=True),
+            sw(64, bm, 128, 4, 4, 1, split_k=True, **x_first),
+            sw(64, bm, 128, 4, 3, 1, split_k=True, **x_first),
+            sw(64, min(bm, 32), 128, 4, 4, 1, split_k=True, **x_first),
+            sw(64, bm, 128, 4, 4, 1, split_k=True, **both),
+            sw(64, bm, 128, 4, 4, 1, split_k=True, chunk=384),
+            sw(64, bm, 256, 4, 4, 1, flat_k_loop=True),  # no split: one program per weight tile
         ]
     if m < 512:
         return [
+            sw(128, 64, 128, 4, 4, **flat_both),
+            sw(64, 64, 128, 4, 4, **flat_both),
+            sw(128, 32, 128, 4, 4, **flat_both),
+            sw(64, 128, 128, 4, 4, **flat_both),
+            sw(64, 64, 128, 4, 3, **flat_both),
             sw(128, 64, 128, 4, 4, **both),
-            sw(64, 64, 128, 4, 4, **both),
-            sw(128, 32, 128, 4, 4, **both),
-            sw(64, 128, 128, 4, 4, **both),
-            sw(64, 64, 128, 4, 3, **both),
-            sw(128, 64, 128, 4, 4, X_BF16=True, W_BF16=True),
-            sw(128, 64, 128, 4, 4, 8, SPLIT=True, X_BF16=True, W_BF16=True),
+            sw(128, 64, 128, 4, 4, 8, split_k=True, **both),
         ]
     return [
-        sw(128, 128, 128, 8, 3, **both),
-        sw(128, 64, 128, 4, 4, **both),
-        sw(128, 64, 128, 4, 3, **both),
-        sw(64, 128, 128, 4, 4, **both),
-        sw(128, 128, 128, 8, 3, 4, **both),
-        sw(128, 128, 128, 4, 3, **both),
-        sw(128, 128, 128, 8, 3, FLAT=True, X_BF16=True),  # weight dequantized in every M tile
+        sw(128, 128, 128, 8, 3, **flat_both),
+        sw(128, 64, 128, 4, 4, **flat_both),
+        sw(128, 64, 128, 4, 3, **flat_both),
+        sw(64, 128, 128, 4, 4, **flat_both),
+        sw(128, 128, 128, 8, 3, 4, **flat_both),
+        sw(128, 128, 128, 4, 3, **flat_both),
+        sw(128, 128, 128, 8, 3, flat_k_loop=True, **x_first),  # weight dequantized in every M tile
     ]
 
 
 def bench_composite(ms, log=print):
     """norm + quant + qkv GEMM (N 2560, K 6144): fused vs. unfused vs. bf16."""
+    from mxfuse.ops.mx_layout import packed_width
+
     n, k = 2560, 6144
     try:
         from mxfuse.ops import triton_norm_quant  # noqa: F401
@@ -201,8 +225,9 @@ def bench_composite(ms, log=print):
         return []
     rows = []
     eps = 1e-6
+    ops = torch.ops.mxfuse
     for m in ms:
-        per_set = m * k * 2 * 3 + n * k * 33 // 32 + n * k * 2
+        per_set = m * k * 2 * 3 + n * packed_width(k) + n * k * 2
         nsets = n_sets_for(per_set)
         sets = []
         for _ in range(nsets):
@@ -214,7 +239,6 @@ def bench_composite(ms, log=print):
 
             wbT = dequantize(wc, ws).to(torch.bfloat16).t()
             sets.append(dict(x=x, res=res, w=w, wc=wc, ws=ws, wbT=wbT))
-        ops = torch.ops.mxfuse
 
         def fused(d):
             c, s, r, _ = ops.gemma_fused_add_rmsnorm_mxfp8(d["x"], d["res"], d["w"], eps)
@@ -234,9 +258,7 @@ def bench_composite(ms, log=print):
             row["fused"] = time_cuda_graph([lambda d=d: fused(d) for d in sets])
             row["unfused"] = time_cuda_graph([lambda d=d: unfused(d) for d in sets])
             row["bf16_norm_matmul"] = time_cuda_graph([lambda d=d: bf16(d) for d in sets])
-            row["bf16_matmul"] = time_cuda_graph(
-                [lambda d=d: torch.matmul(d["x"], d["wbT"]) for d in sets]
-            )
+            row["bf16_matmul"] = time_cuda_graph([lambda d=d: torch.matmul(d["x"], d["wbT"]) for d in sets])
         except Exception as e:  # noqa: BLE001
             log(f"composite failed at M={m}: {type(e).__name__}: {str(e)[:300]}")
             return rows
@@ -265,9 +287,7 @@ def gemm_table(rows, copy_tbs):
     for r in rows:
         out.append(
             f"| {r['shape']} ({r['N']}, {r['K']}) | {r['M']} | {r['ours']:.2f} | {r['tflops']:.1f} | {r['tbs']:.2f} | "
-            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | "
-            + " | ".join(f"{r[v]:.2f}" for v in others)
-            + " |"
+            f"{r['cublas']:.2f} | {r['ours'] / r['cublas']:.2f} | " + " | ".join(f"{r[v]:.2f}" for v in others) + " |"
         )
     return "\n".join(out)
 
@@ -374,7 +394,8 @@ def main(argv=None):
         with open(os.path.join(args.out, "gemm_bench.md"), "w") as f:
             f.write(text + "\n")
         with open(os.path.join(args.out, "gemm_bench.json"), "w") as f:
-            json.dump(dict(gemm=rows, composite=comp, sweep=sweep_rows, copy_tbs=copy_tbs), f, indent=1)
+            sweep = [{**r, "cfg": r["cfg"]._asdict()} for r in sweep_rows]
+            json.dump({"gemm": rows, "composite": comp, "sweep": sweep, "copy_tbs": copy_tbs}, f, indent=1)
         plot(rows, os.path.join(args.out, "gemm_bench.png"))
     return 0
 

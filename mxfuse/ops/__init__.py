@@ -4,6 +4,7 @@ Importing this package registers the ops with torch.library (the only global sta
 mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
 """
 
+from mxfuse.ops import autograd
 from mxfuse.ops.library import (
     MxfuseInputError,
     gemma_fused_add_rmsnorm,
@@ -14,12 +15,15 @@ from mxfuse.ops.library import (
     mxfp8_quantize,
     mxfp8_swizzle_scales,
 )
+from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.ops.packed import (
     gemma_fused_add_rmsnorm_mxfp8_packed,
     gemma_rmsnorm_mxfp8_packed,
     mxfp8_quantize_packed,
 )
-from mxfuse.ops.reference import BLOCK, dequantize
+from mxfuse.ops.reference import dequantize
+
+autograd.register()
 
 __all__ = [
     "BLOCK",

@@ -15,11 +15,10 @@ import torch
 from torch import Tensor
 
 from mxfuse.ops import reference
-from mxfuse.ops.reference import BLOCK
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE, scale_columns, scale_shape, swizzled_scale_shape
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 QUANT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-FP8 = torch.float8_e4m3fn
 
 
 class MxfuseInputError(ValueError):
@@ -40,6 +39,8 @@ def _check_rows(op: str, x: Tensor, dtypes=ACTIVATION_DTYPES, name: str = "x") -
     k = x.shape[-1]
     if k % BLOCK:
         _fail(op, f"hidden size K={k} of {name} {_describe(x)} is not a multiple of {BLOCK}")
+    if k == 0:
+        _fail(op, f"hidden size K=0 of {name} {_describe(x)}: rows must hold at least one block of {BLOCK}")
     if x.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         _fail(op, f"{name} {_describe(x)} has dtype {x.dtype}; expected one of {allowed}")
@@ -52,7 +53,9 @@ def _check_same_device(op: str, **tensors: Tensor):
         _fail(op, "inputs are on different devices: " + ", ".join(f"{n} on {d}" for n, d in devices.items()))
 
 
-def _check_norm(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> int:
+def _check_norm(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None, *, eps: float) -> int:
+    if not eps >= 0:  # also rejects NaN
+        _fail(op, f"eps={eps} must be >= 0 (it is added to the mean square before the rsqrt)")
     k = _check_rows(op, x)
     if weight.shape != (k,):
         _fail(op, f"weight {_describe(weight)} must have shape ({k},) to match x {_describe(x)}")
@@ -73,15 +76,6 @@ def _rows(x: Tensor, k: int) -> Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _scales_shape(lead: tuple, k: int, swizzled: bool) -> tuple:
-    if swizzled:
-        m = 1
-        for d in lead:
-            m = m * d
-        return ((m + 127) // 128 * 128, (k // BLOCK + 3) // 4 * 4)
-    return (*lead, k // BLOCK)
-
-
 def _empty_y(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
@@ -92,13 +86,13 @@ def _empty_y(x: Tensor) -> Tensor:
 @torch.library.custom_op("mxfuse::gemma_rmsnorm", mutates_args=())
 def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Gemma RMSNorm: `normalize(x) * (1 + weight)` in fp32, rounded to x's dtype."""
-    k = _check_norm("gemma_rmsnorm", x, weight)
+    k = _check_norm("gemma_rmsnorm", x, weight, eps=eps)
     return reference.gemma_rmsnorm(_rows(x, k), weight, eps).reshape(x.shape)
 
 
 @gemma_rmsnorm.register_fake
 def _(x, weight, eps):
-    _check_norm("gemma_rmsnorm", x, weight)
+    _check_norm("gemma_rmsnorm", x, weight, eps=eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -106,7 +100,7 @@ def _(x, weight, eps):
 def _(x, weight, eps):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_rmsnorm", x, weight)
+    k = _check_norm("gemma_rmsnorm", x, weight, eps=eps)
     y, _ = triton_norm_quant.gemma_norm(_rows(x, k), None, weight, eps)
     return y.reshape(x.shape)
 
@@ -117,14 +111,14 @@ def _(x, weight, eps):
 @torch.library.custom_op("mxfuse::gemma_fused_add_rmsnorm", mutates_args=())
 def gemma_fused_add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """`s = x + residual` in fp32; returns `(gemma_norm(s), s.to(dtype))`. Functional."""
-    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps)
     return y.reshape(x.shape), res.reshape(x.shape)
 
 
 @gemma_fused_add_rmsnorm.register_fake
 def _(x, residual, weight, eps):
-    _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
         x, memory_format=torch.contiguous_format
     )
@@ -134,7 +128,7 @@ def _(x, residual, weight, eps):
 def _(x, residual, weight, eps):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
     y, res = triton_norm_quant.gemma_norm(_rows(x, k), _rows(residual, k), weight, eps)
     return y.reshape(x.shape), res.reshape(x.shape)
 
@@ -153,7 +147,7 @@ def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
 @mxfp8_quantize.register_fake
 def _(x, swizzled=False):
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
-    return x.new_empty(x.shape, dtype=FP8), x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8)
+    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE)
 
 
 @mxfp8_quantize.register_kernel("cuda")
@@ -162,11 +156,11 @@ def _(x, swizzled=False):
 
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
     codes, scales = triton_norm_quant.quantize(_rows(x, k), swizzled)
-    return codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK)
+    return codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k))
 
 
 def _layout(scales: Tensor, lead, k: int, swizzled: bool) -> Tensor:
-    return reference.swizzle_scales(scales) if swizzled else scales.reshape(*lead, k // BLOCK)
+    return reference.swizzle_scales(scales) if swizzled else scales.reshape(*lead, scale_columns(k))
 
 
 # ---------------------------------------------------------- gemma_rmsnorm_mxfp8
@@ -182,7 +176,7 @@ def gemma_rmsnorm_mxfp8(
     `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
     when the graph already holds `1 + w`).
     """
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
     codes, scales = reference.quantize_rows(y)
     return (
@@ -194,10 +188,10 @@ def gemma_rmsnorm_mxfp8(
 
 @gemma_rmsnorm_mxfp8.register_fake
 def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     return (
-        x.new_empty(x.shape, dtype=FP8),
-        x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
+        x.new_empty(x.shape, dtype=FP8_DTYPE),
+        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
         x.new_empty(x.shape) if emit_y else _empty_y(x),
     )
 
@@ -206,13 +200,13 @@ def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
 def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     codes, scales, _, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset
     )
     return (
         codes.reshape(x.shape),
-        scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK),
+        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
         y.reshape(x.shape) if emit_y else _empty_y(x),
     )
 
@@ -238,7 +232,7 @@ def gemma_fused_add_rmsnorm_mxfp8(
     Hugging Face layer (`residual + hidden` in bf16, then the norm).
     """
     op = "gemma_fused_add_rmsnorm_mxfp8"
-    k = _check_norm(op, x, weight, residual)
+    k = _check_norm(op, x, weight, residual, eps=eps)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
     codes, scales = reference.quantize_rows(y)
     return (
@@ -251,10 +245,10 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
 def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     return (
-        x.new_empty(x.shape, dtype=FP8),
-        x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
+        x.new_empty(x.shape, dtype=FP8_DTYPE),
+        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
         x.new_empty(x.shape),
         x.new_empty(x.shape) if emit_y else _empty_y(x),
     )
@@ -264,7 +258,7 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     codes, scales, res, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k),
         _rows(residual, k),
@@ -277,7 +271,7 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
     )
     return (
         codes.reshape(x.shape),
-        scales if swizzled else scales.reshape(*x.shape[:-1], k // BLOCK),
+        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
         res.reshape(x.shape),
         y.reshape(x.shape) if emit_y else _empty_y(x),
     )
@@ -287,7 +281,7 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 
 
 def _check_scales_2d(op: str, scales: Tensor):
-    if scales.dim() != 2 or scales.dtype != torch.uint8:
+    if scales.dim() != 2 or scales.dtype != SCALE_DTYPE:
         _fail(op, f"scales {_describe(scales)} must be 2-D uint8 row-major E8M0 scales [M, K/32]")
 
 
@@ -302,7 +296,7 @@ def mxfp8_swizzle_scales(scales: Tensor) -> Tensor:
 def _(scales):
     _check_scales_2d("mxfp8_swizzle_scales", scales)
     m, s = scales.shape
-    return scales.new_empty(((m + 127) // 128 * 128, (s + 3) // 4 * 4))
+    return scales.new_empty(swizzled_scale_shape(m, s * BLOCK))
 
 
 @mxfp8_swizzle_scales.register_kernel("cuda")
@@ -318,16 +312,16 @@ def _(scales):
 
 def _check_linear(codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype) -> int:
     op = "mxfp8_linear"
-    if codes.dtype != FP8 or weight_codes.dtype != FP8:
+    if codes.dtype != FP8_DTYPE or weight_codes.dtype != FP8_DTYPE:
         _fail(op, f"codes {_describe(codes)} and weight_codes {_describe(weight_codes)} must be float8_e4m3fn")
-    k = _check_rows(op, codes, (FP8,), "codes")
+    k = _check_rows(op, codes, (FP8_DTYPE,), "codes")
     if weight_codes.dim() != 2 or weight_codes.shape[1] != k:
         _fail(op, f"weight_codes {_describe(weight_codes)} must be [N, {k}] to match codes {_describe(codes)}")
-    if scales.dtype != torch.uint8 or tuple(scales.shape) != (*codes.shape[:-1], k // BLOCK):
-        _fail(op, f"scales {_describe(scales)} must be uint8 row-major {(*codes.shape[:-1], k // BLOCK)}")
+    if scales.dtype != SCALE_DTYPE or tuple(scales.shape) != (*codes.shape[:-1], scale_columns(k)):
+        _fail(op, f"scales {_describe(scales)} must be uint8 row-major {(*codes.shape[:-1], scale_columns(k))}")
     n = weight_codes.shape[0]
-    if weight_scales.dtype != torch.uint8 or tuple(weight_scales.shape) != (n, k // BLOCK):
-        _fail(op, f"weight_scales {_describe(weight_scales)} must be uint8 row-major ({n}, {k // BLOCK})")
+    if weight_scales.dtype != SCALE_DTYPE or tuple(weight_scales.shape) != (n, scale_columns(k)):
+        _fail(op, f"weight_scales {_describe(weight_scales)} must be uint8 row-major ({n}, {scale_columns(k)})")
     if out_dtype not in QUANT_INPUT_DTYPES:
         _fail(op, f"out_dtype {out_dtype} must be bfloat16, float16 or float32")
     _check_same_device(op, codes=codes, scales=scales, weight_codes=weight_codes, weight_scales=weight_scales)
@@ -340,7 +334,9 @@ def mxfp8_linear(
 ) -> Tensor:
     """`dequant(codes) @ dequant(weight).T` in out_dtype; activation scales row-major."""
     k = _check_linear(codes, scales, weight_codes, weight_scales, out_dtype)
-    out = reference.mxfp8_linear(codes.reshape(-1, k), scales.reshape(-1, k // BLOCK), weight_codes, weight_scales, out_dtype)
+    out = reference.mxfp8_linear(
+        codes.reshape(-1, k), scales.reshape(-1, scale_columns(k)), weight_codes, weight_scales, out_dtype
+    )
     return out.reshape(*codes.shape[:-1], weight_codes.shape[0])
 
 
@@ -356,6 +352,6 @@ def _(codes, scales, weight_codes, weight_scales, out_dtype):
 
     k = _check_linear(codes, scales, weight_codes, weight_scales, out_dtype)
     out = triton_gemm.mxfp8_linear(
-        codes.reshape(-1, k), scales.reshape(-1, k // BLOCK), weight_codes, weight_scales, out_dtype
+        codes.reshape(-1, k), scales.reshape(-1, scale_columns(k)), weight_codes, weight_scales, out_dtype
     )
     return out.reshape(*codes.shape[:-1], weight_codes.shape[0])

@@ -33,19 +33,13 @@ from torch import Tensor
 
 from mxfuse.ops import reference
 from mxfuse.ops.library import (
-    FP8,
     QUANT_INPUT_DTYPES,
     _check_norm,
     _check_rows,
     _empty_y,
     _rows,
 )
-from mxfuse.ops.reference import BLOCK
-
-
-def packed_width(k: int):
-    """Bytes per packed row: K code bytes then K/32 scale bytes."""
-    return k + k // BLOCK
+from mxfuse.ops.mx_layout import FP8_DTYPE, SCALE_DTYPE, packed_width
 
 
 def _n_rows(x: Tensor):
@@ -57,23 +51,23 @@ def _n_rows(x: Tensor):
 
 def pack(codes: Tensor, scales: Tensor) -> Tensor:
     """`[M, K]` e4m3 codes and row-major `[M, K/32]` scales -> packed uint8 `[M, K + K/32]`."""
-    return torch.cat((codes.view(torch.uint8), scales), dim=1)  # one copy kernel
+    return torch.cat((codes.view(SCALE_DTYPE), scales), dim=1)  # one copy kernel
 
 
 def unpack(packed: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Zero-copy `(codes, scales)` views of a packed buffer (what the graph takes after the gather)."""
-    return packed[:, :k].view(FP8), packed[:, k:]
+    return packed[:, :k].view(FP8_DTYPE), packed[:, k:]
 
 
 def _empty_packed(m: int, k: int, device) -> tuple[Tensor, Tensor, Tensor]:
     """New packed `[m, K + K/32]` uint8 buffer and its `(codes, scales)` views for the kernels to fill."""
-    packed = torch.empty((m, packed_width(k)), dtype=torch.uint8, device=device)
+    packed = torch.empty((m, packed_width(k)), dtype=SCALE_DTYPE, device=device)
     codes, scales = unpack(packed, k)
     return packed, codes, scales
 
 
 def _fake_packed(x: Tensor, k: int) -> Tensor:
-    return x.new_empty((_n_rows(x), packed_width(k)), dtype=torch.uint8)
+    return x.new_empty((_n_rows(x), packed_width(k)), dtype=SCALE_DTYPE)
 
 
 # ------------------------------------------------------ gemma_rmsnorm_mxfp8_packed
@@ -84,7 +78,7 @@ def gemma_rmsnorm_mxfp8_packed(
     x: Tensor, weight: Tensor, eps: float, emit_y: bool = False, weight_offset: float = 1.0
 ) -> tuple[Tensor, Tensor]:
     """Gemma norm + MXFP8 quant of the rows of x into one packed buffer: `(packed, y)`."""
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
     y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
     packed = pack(*reference.quantize_rows(y))
     return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
@@ -92,7 +86,7 @@ def gemma_rmsnorm_mxfp8_packed(
 
 @gemma_rmsnorm_mxfp8_packed.register_fake
 def _(x, weight, eps, emit_y=False, weight_offset=1.0):
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
     return _fake_packed(x, k), x.new_empty(x.shape) if emit_y else _empty_y(x)
 
 
@@ -100,7 +94,7 @@ def _(x, weight, eps, emit_y=False, weight_offset=1.0):
 def _(x, weight, eps, emit_y=False, weight_offset=1.0):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight)
+    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
     rows = _rows(x, k)
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     _, _, _, y = triton_norm_quant.fused_norm_quant(
@@ -125,7 +119,7 @@ def gemma_fused_add_rmsnorm_mxfp8_packed(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Residual add + Gemma norm + MXFP8 quant into one packed buffer: `(packed, residual_out, y)`."""
     op = "gemma_fused_add_rmsnorm_mxfp8_packed"
-    k = _check_norm(op, x, weight, residual)
+    k = _check_norm(op, x, weight, residual, eps=eps)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
     packed = pack(*reference.quantize_rows(y))
     return packed, res.reshape(x.shape), y.reshape(x.shape) if emit_y else _empty_y(x)
@@ -133,7 +127,7 @@ def gemma_fused_add_rmsnorm_mxfp8_packed(
 
 @gemma_fused_add_rmsnorm_mxfp8_packed.register_fake
 def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0):
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
     return _fake_packed(x, k), x.new_empty(x.shape), x.new_empty(x.shape) if emit_y else _empty_y(x)
 
 
@@ -141,7 +135,7 @@ def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0
 def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0):
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual)
+    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
     rows = _rows(x, k)
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     _, _, res, y = triton_norm_quant.fused_norm_quant(

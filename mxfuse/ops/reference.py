@@ -1,4 +1,4 @@
-"""Plain-PyTorch reference implementations: the executable form of DESIGN.md's contracts.
+"""Plain-PyTorch reference implementations: the executable form of the op contracts.
 
 These run on any device and are what the CPU ops dispatch to. The Triton kernels
 must reproduce them bit for bit where the contract says bitwise (quantization,
@@ -11,11 +11,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-BLOCK = 32
-"""Values per E8M0 scale (MX block size)."""
-E4M3_MAX = 448.0
-E8M0_BIAS = 127
-E8M0_MAX = 254
+from mxfuse.ops.mx_layout import (
+    BLOCK,
+    E8M0_MAX,
+    FP8_DTYPE,
+    FP8_MAX,
+    SCALE_DTYPE,
+    SWIZZLE_COLUMN_TILE,
+    SWIZZLE_ROW_TILE,
+    scale_columns,
+    swizzled_scale_shape,
+)
+
 _FLT_MIN_BITS = 0x00800000  # smallest normal fp32
 _E4M3_MAX_EXP_BITS = 0x600000  # mantissa of 448 = 1.75 * 2**8
 
@@ -33,7 +40,7 @@ def e8m0_scale_from_amax(amax: Tensor) -> Tensor:
     above = ((bits & 0x7FFFFF) > _E4M3_MAX_EXP_BITS).to(torch.int32)
     sb = biased_exp - 8 + above
     sb = torch.where(biased_exp == 255, E8M0_MAX, sb)  # +Inf amax
-    return sb.clamp(0, E8M0_MAX).to(torch.uint8)
+    return sb.clamp(0, E8M0_MAX).to(SCALE_DTYPE)
 
 
 def e8m0_multiplier(sb: Tensor) -> Tensor:
@@ -62,9 +69,9 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     amax = torch.where(torch.isnan(a), 0.0, a).amax(dim=-1, keepdim=True)
     sb = e8m0_scale_from_amax(amax)
     q = v * e8m0_multiplier(sb)
-    q = torch.where(torch.isinf(v), torch.copysign(torch.full_like(q, E4M3_MAX), v), q)
-    codes = q.to(torch.float8_e4m3fn).reshape(m, k)
-    return codes, sb.reshape(m, k // BLOCK)
+    q = torch.where(torch.isinf(v), torch.copysign(torch.full_like(q, FP8_MAX), v), q)
+    codes = q.to(FP8_DTYPE).reshape(m, k)
+    return codes, sb.reshape(m, scale_columns(k))
 
 
 def swizzle_scales(scales: Tensor) -> Tensor:
@@ -74,18 +81,18 @@ def swizzle_scales(scales: Tensor) -> Tensor:
     dims 1 and 3 swapped, flattened; returned 2-D so its size is readable at a glance.
     """
     m, s = scales.shape
-    mp, sp = _round_up(m, 128), _round_up(s, 4)
-    padded = scales.new_zeros(mp, sp)
+    padded_m, padded_s = swizzled_scale_shape(m, s * BLOCK)
+    padded = scales.new_zeros(padded_m, padded_s)
     padded[:m, :s] = scales
-    tiles = padded.view(mp // 128, 4, 32, sp // 4, 4).permute(0, 3, 2, 1, 4)
-    return tiles.reshape(mp, sp)
+    tiles = padded.view(padded_m // SWIZZLE_ROW_TILE, 4, 32, padded_s // SWIZZLE_COLUMN_TILE, 4)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(padded_m, padded_s)
 
 
 def unswizzle_scales(swizzled: Tensor, m: int, s: int) -> Tensor:
     """Inverse of :func:`swizzle_scales` (drops the padding)."""
-    mp, sp = swizzled.shape
-    tiles = swizzled.reshape(mp // 128, sp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
-    return tiles.reshape(mp, sp)[:m, :s]
+    padded_m, padded_s = swizzled.shape
+    tiles = swizzled.reshape(padded_m // SWIZZLE_ROW_TILE, padded_s // SWIZZLE_COLUMN_TILE, 32, 4, 4)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(padded_m, padded_s)[:m, :s]
 
 
 def gemma_norm_rows(s: Tensor, weight: Tensor, eps: float, dtype: torch.dtype, weight_offset: float = 1.0) -> Tensor:
@@ -114,13 +121,13 @@ def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
     codes, scales = quantize_rows(x.reshape(-1, k))
     if swizzled:
         return codes.reshape(x.shape), swizzle_scales(scales)
-    return codes.reshape(x.shape), scales.reshape(*x.shape[:-1], k // BLOCK)
+    return codes.reshape(x.shape), scales.reshape(*x.shape[:-1], scale_columns(k))
 
 
 def dequantize(codes: Tensor, scales: Tensor) -> Tensor:
     """fp32 values of `[..., K]` codes with row-major `[..., K/32]` scales (exact)."""
     k = codes.shape[-1]
-    blocks = codes.float().reshape(*codes.shape[:-1], k // BLOCK, BLOCK)
+    blocks = codes.float().reshape(*codes.shape[:-1], scale_columns(k), BLOCK)
     return (blocks * e8m0_to_float(scales).unsqueeze(-1)).reshape(codes.shape)
 
 
@@ -129,7 +136,3 @@ def mxfp8_linear(
 ) -> Tensor:
     """`dequant(codes) @ dequant(weight).T` accumulated in fp32, rounded once to out_dtype."""
     return (dequantize(codes, scales) @ dequantize(weight_codes, weight_scales).T).to(out_dtype)
-
-
-def _round_up(n, multiple: int):
-    return (n + multiple - 1) // multiple * multiple
