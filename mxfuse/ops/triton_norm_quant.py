@@ -120,7 +120,7 @@ def _rstd(ssq, K, eps, BM: tl.constexpr):
 @triton.jit
 def _finish_chunk(
     s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-    dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr,
+    dtype: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, J: tl.constexpr, RULE: tl.constexpr = 0,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
     y = ((s * rstd[:, None]) * w).to(dtype)
@@ -129,7 +129,7 @@ def _finish_chunk(
     if QUANT:
         if emit_y != 0:
             tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, RULE)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
         # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
@@ -142,8 +142,12 @@ def _finish_chunk(
 
 
 @triton.jit
-def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
-    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32)."""
+def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, RULE: tl.constexpr = 0):
+    """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32).
+
+    RULE (reference.QuantRule): 0 DEFAULT; 1 TORCHAO (a NaN makes the block's scale 255
+    and all its codes NaN; scale byte 0 multiplies by 1.0).
+    """
     v3 = tl.reshape(v, [BM, BC // 32, 32])
     a = tl.abs(v3)
     a = tl.where(a != a, 0.0, a)  # NaN does not take part in the amax
@@ -157,6 +161,11 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr):
     sb = tl.where(sb > 254, 254, sb)
     e = 254 - sb  # biased exponent of 2**(127 - sb)
     mbits = tl.where(e == 0, 0x00400000, e << 23)  # e == 0: 2**-127 (subnormal)
+    if RULE == 1:  # torchao's RCEIL
+        nan_block = tl.max((v3 != v3).to(tl.int32), axis=2) > 0  # noqa: PLR0124 (NaN test)
+        mbits = tl.where(sb == 0, 0x3F800000, mbits)  # 1.0
+        mbits = tl.where(nan_block, 0x7FC00000, mbits)  # NaN: every code of the block NaN
+        sb = tl.where(nan_block, 255, sb)
     mult = mbits.to(tl.float32, bitcast=True)
     q = v3 * mult[:, :, None]
     # Finite values are within +-448 by construction; this maps +-Inf to +-448 and keeps
@@ -215,6 +224,7 @@ def _norm_kernel(
     CH: tl.constexpr,
     NCH: tl.constexpr,
     LOG_CH: tl.constexpr,
+    RULE: tl.constexpr = 0,
 ):
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
@@ -286,16 +296,16 @@ def _norm_kernel(
         rstd = _rstd(_pairwise_sum(v, BM, CH, LOG_CH), K, eps, BM)
         # ---- y (and quant) per chunk
         _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                      dtype, QUANT, BM, CH, 0)  # fmt: skip
+                      dtype, QUANT, BM, CH, 0, RULE)  # fmt: skip
         if NCH > 1:
             _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 1)  # fmt: skip
+                          dtype, QUANT, BM, CH, 1, RULE)  # fmt: skip
         if NCH > 2:
             _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 2)  # fmt: skip
+                          dtype, QUANT, BM, CH, 2, RULE)  # fmt: skip
         if NCH > 3:
             _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, emit_y, swizzled,
-                          dtype, QUANT, BM, CH, 3)  # fmt: skip
+                          dtype, QUANT, BM, CH, 3, RULE)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "M_grid", "swizzled"])
@@ -314,6 +324,7 @@ def _quant_kernel(
     swizzled,
     BM: tl.constexpr,
     BC: tl.constexpr,
+    RULE: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -321,7 +332,7 @@ def _quant_kernel(
     cols = pid_k * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, RULE)
     tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], codes, mask=mask)
     scols = pid_k * (BC // 32) + tl.arange(0, BC // 32)
     _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, swizzled, stride_s)
@@ -424,7 +435,7 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset,
-                 out_codes=None, out_scales=None):  # fmt: skip
+                 out_codes=None, out_scales=None, rule=0):  # fmt: skip
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
@@ -458,7 +469,7 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         s, sp, float(eps), float(weight_offset),
         int(bool(round_sum and has_res)), int(bool(emit_y)), int(bool(swizzled)),
         HAS_RES=has_res, QUANT=quant, BM=bm, RPP=rpp, CH=ch, NCH=triton.cdiv(k, ch), LOG_CH=ch.bit_length() - 1,
-        num_warps=nw, enable_fp_fusion=False,
+        RULE=int(rule), num_warps=nw, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
 
@@ -481,6 +492,7 @@ def fused_norm_quant(
     weight_offset: float = 1.0,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    rule: int = 0,
 ):
     """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`.
 
@@ -490,7 +502,7 @@ def fused_norm_quant(
     they are returned as `codes` / `scales`. Only addresses change: same bits.
     """
     return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset,
-                        out_codes, out_scales)  # fmt: skip
+                        out_codes, out_scales, rule)  # fmt: skip
 
 
 def quantize(
@@ -499,6 +511,7 @@ def quantize(
     *,
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
+    rule: int = 0,
 ):
     """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`).
 
@@ -518,7 +531,7 @@ def quantize(
     _quant_kernel[grid](
         x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s),
         s, sp, int(bool(swizzled)),
-        BM=bm, BC=bc, num_warps=nw, enable_fp_fusion=False,
+        BM=bm, BC=bc, RULE=int(rule), num_warps=nw, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales
 
