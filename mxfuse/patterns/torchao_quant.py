@@ -240,53 +240,86 @@ def _row_scales(exponent: fx.Node, head: fx.Node) -> fx.Node | None:
 
 
 def _to_blocked(scales: fx.Node) -> fx.Node | None:
-    """torchao's `to_blocked(scales)` as compiled (zero-padded copy, then the 128x4 permutes):
-    the flat blocked node, or None when the scales are read row-major."""
-    s = fake(scales)
-    users = list(scales.users)
-    if len(users) != 1 or not is_call(users[0], aten.copy.default) or users[0].args[1] is not scales:
-        return None
-    copy = users[0]
-    full = _padded_destination(copy.args[0], s)
-    node = _only_user(copy, aten.slice_scatter.default)
-    node = _only_user(node, aten.slice_scatter.default, check=lambda n: n.args[0] is full)
-    if full is None or node is None:
-        return None
-    # [R/128, 128, C/4, 4] -> permute(0, 2, 1, 3) -> [-1, 4, 32, 4] -> transpose(1, 2) -> [-1, 32, 16] -> flat
+    """torchao's `to_blocked(scales)` as compiled: the flat blocked node, or None when the
+    scales are read row-major.
+
+    `to_blocked` zero-pads to `[pad128(M), pad4(S)]` (`padded[:M, :S] = scales`), views
+    `[R/128, 128, C/4, 4]`, permutes (0, 2, 1, 3), views `[-1, 4, 32, 4]`, swaps dims 1 and
+    2, views `[-1, 32, 16]` and flattens. Inductor drops the padding writes that cover a
+    whole dim and adds a `clone` after a permute where it likes; both are accepted.
+    """
+    node = _zero_padded(scales)
     swap_1_2 = (aten.permute.default,), lambda n: list(n.args[1]) == [0, 2, 1, 3]
     steps = (
         (_VIEWS, lambda n: _dims(n, {1: 128, 3: 4}, rank=4)),
         swap_1_2,
         (_VIEWS, lambda n: _dims(n, {1: 4, 2: 32, 3: 4}, rank=4)),
         swap_1_2,
-        ((aten.clone.default,), None),
         (_VIEWS, lambda n: _dims(n, {1: 32, 2: 16}, rank=3)),
         (_VIEWS, lambda n: _dims(n, {}, rank=1)),
     )
     for targets, check in steps:
-        nxt = _only_user(node, *targets, check=check)
-        if nxt is None and targets == (aten.clone.default,):
-            continue  # a contiguous permute needs no clone
-        if nxt is None:
+        node = _skip_clones(node)
+        node = _only_user(node, *targets, check=check)
+        if node is None:
             return None
-        node = nxt
     return node
 
 
-def _padded_destination(dest: fx.Node, s) -> fx.Node | None:
-    """`slice(slice(full([pad128(M), pad4(S)], 0), 0, 0, M), 1, 0, S)` -> the `full` node."""
-    if not (is_call(dest, aten.slice.Tensor) and is_call(dest.args[0], aten.slice.Tensor)):
-        return None
-    cols, rows = dest, dest.args[0]
-    full = rows.args[0]
-    if not is_call(full, aten.full.default) or _value(full.args[1]) != 0:
-        return None
-    if tuple(cols.args[1:3]) != (1, 0) or tuple(rows.args[1:3]) != (0, 0):
-        return None
-    m, n = s.shape
-    pm, pn = fake(full).shape
-    padded = statically_known_true(pm == (m + 127) // 128 * 128) and statically_known_true(pn == (n + 3) // 4 * 4)
-    return full if padded and _same_rows(fake(cols), s) else None
+def _zero_padded(scales: fx.Node) -> fx.Node | None:
+    """The node holding `scales` (`[M, S]`) zero-padded to `[pad128(M), pad4(S)]`.
+
+    Compiled `padded = zeros(...); padded[:M, :S] = scales` is a `full(0)` and writes at
+    offset 0 into it (copy into slices of it, slice_scatters); a write that covers a
+    whole dim is dropped by Inductor, and with nothing to pad the scales are the result.
+    """
+    m, n = fake(scales).shape
+    padded_shape = ((m + 127) // 128 * 128, (n + 3) // 4 * 4)
+    node = scales
+    for _ in range(4):  # copy, slice_scatter (columns), slice_scatter (rows)
+        if _has_shape(node, padded_shape):
+            return node  # the scales themselves, or zeros with the scales written at the origin
+        writes = [u for u in node.users if _writes_at_origin(u, node)]
+        if len(writes) != 1 or len(node.users) != 1:
+            return None
+        node = writes[0]
+    return None
+
+
+def _writes_at_origin(user: fx.Node, value: fx.Node) -> bool:
+    """`user` writes `value` at offset 0 of a slice of a `full(0)`: `copy(slice..(full), value)`
+    or `slice_scatter(base, value, dim, 0, end)` with base a `full(0)` or a slice of one."""
+    if is_call(user, aten.copy.default) and user.args[1] is value:  # no broadcast: same shape
+        return _same_rows(fake(user.args[0]), fake(value)) and _root_of(user.args[0]) is not None
+    if is_call(user, aten.slice_scatter.default) and user.args[1] is value:
+        dim, start = user.args[2] if len(user.args) > 2 else 0, user.args[3] if len(user.args) > 3 else None
+        return dim in (0, 1) and start in (0, None) and _root_of(user.args[0]) is not None
+    return False
+
+
+def _root_of(node) -> fx.Node | None:
+    """The `full(..., 0)` under slices at offset 0 (so `node` is all zeros), else None."""
+    while is_call(node, aten.slice.Tensor):
+        start, step = node.args[2:3] or (0,), node.args[4:5] or (1,)
+        if start[0] not in (0, None) or step[0] != 1:
+            return None
+        node = node.args[0]
+    return node if is_call(node, aten.full.default) and _value(node.args[1]) == 0 else None
+
+
+def _skip_clones(node: fx.Node | None) -> fx.Node | None:
+    while _only_user(node, aten.clone.default) is not None and len(node.users) == 1:
+        node = _only_user(node, aten.clone.default)
+    return node
+
+
+def _has_shape(node: fx.Node, shape) -> bool:
+    value = fake(node)
+    return (
+        value is not None
+        and value.dim() == len(shape)
+        and all(statically_known_true(a == b) for a, b in zip(value.shape, shape))
+    )
 
 
 # --------------------------------------------------------------------------- small helpers
