@@ -149,6 +149,39 @@ def test_unknown_rule_is_refused_with_the_op_name(rule):
         mx.gemma_rmsnorm_mxfp8(x, torch.zeros(32), 1e-6, rule=rule)
 
 
+def nan_sign_free(codes: torch.Tensor) -> torch.Tensor:
+    """Code bytes with every NaN as 0x7F: which NaN operand survives (its sign) is an
+    implementation detail (x86 vs GPU, eager vs Inductor); NaN-ness is compared."""
+    return code_bits(torch.where(codes.float().isnan(), float("nan"), codes.float()).to(FP8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_gpu_kernels_with_torchao_rule_equal_torchao(swizzled):
+    """The Triton kernels' TORCHAO branch: quant == torchao's to_mx on the GPU (eager and
+    compiled) and == the CPU reference; fused == norm then quant, bitwise."""
+    rule = int(QuantRule.TORCHAO)
+    x = torch.cat([every_finite_bf16_amax().reshape(-1, 128), edge_blocks()]).cuda()
+    codes, scales = mx.mxfp8_quantize(x, swizzled, rule)
+    for name, quant in (("eager", torchao_to_mx), ("compiled", torch.compile(torchao_to_mx))):
+        want_codes, want_scales = quant(x)
+        want_scales = to_blocked(want_scales).view(scales.shape) if swizzled else want_scales
+        assert torch.equal(nan_sign_free(codes), nan_sign_free(want_codes)), name
+        assert torch.equal(scales, want_scales), name
+    ref_codes, ref_scales = mx.mxfp8_quantize(x.cpu(), swizzled, rule)
+    assert torch.equal(nan_sign_free(codes).cpu(), nan_sign_free(ref_codes)) and torch.equal(scales.cpu(), ref_scales)
+    g = torch.Generator().manual_seed(5)
+    rows = torch.cat([edge_blocks(), (torch.randn(60, 128, generator=g) * 5).to(torch.bfloat16)]).cuda()
+    residual, weight = rows.flip(0), (0.2 * torch.randn(128, generator=g)).to(torch.bfloat16).cuda()
+    fused = mx.gemma_fused_add_rmsnorm_mxfp8(rows, residual, weight, 1e-6, swizzled, emit_y=True, rule=rule)
+    y, res = mx.gemma_fused_add_rmsnorm(rows, residual, weight, 1e-6)
+    assert_bitwise(tuple(map(_as_bytes, fused)), tuple(map(_as_bytes, (*mx.mxfp8_quantize(y, swizzled, rule), res, y))))
+    plain = mx.gemma_rmsnorm_mxfp8(rows, weight, 1e-6, swizzled, rule=rule)
+    want = mx.mxfp8_quantize(mx.gemma_rmsnorm(rows, weight, 1e-6), swizzled, rule)
+    assert_bitwise(tuple(map(_as_bytes, plain[:2])), tuple(map(_as_bytes, want)))
+
+
 # --------------------------------------------------------------------------- the recognizer
 
 
