@@ -263,26 +263,18 @@ class TorchaoFusion(CustomGraphPass):
 
     def _fuse(self, graph, norm, quants):
         chosen = [q for q in quants if q.swizzled == quants[0].swizzled]
-        chain_views = {n for q in chosen for n in _views_between(norm.y, q.node)}
-        emit_y = any(user not in chain_views for user in norm.y.users)
+        readers = {q.reads for q in chosen}
+        emit_y = any(user not in readers for user in norm.y.users)
         out = insert_fused_norm(graph, norm, swizzled=chosen[0].swizzled, emit_y=emit_y)
         out["fused"].update_kwarg("rule", int(chosen[0].rule))
         for quant in chosen:
             quant.replace_outputs(graph, out["codes"], out["scales"])
         if emit_y:
-            norm.y.replace_all_uses_with(out["y"], delete_user_cb=lambda user: user not in chain_views)
+            norm.y.replace_all_uses_with(out["y"], delete_user_cb=lambda user: user not in readers)
         self.matched[f"{norm.kind}->{chosen[0].kind}:{'swizzled' if chosen[0].swizzled else 'rowmajor'}"] += 1
 
     def uuid(self):
         return None  # never cache: every test compiles and captures
-
-
-def _views_between(y, head) -> list:
-    path, node = [], head
-    while node is not y:
-        path.append(node)
-        node = node.args[0]
-    return path
 
 
 def compile_fused(fn, enabled=True):
@@ -332,14 +324,16 @@ def test_norm_into_torchao_linear_fuses_bitwise_with_dynamic_tokens():
 
 def test_blocked_scales_are_written_blocked():
     """torchao's AUTO kernel swizzles the activation scales with `to_blocked` before
-    `_scaled_mm` (which CPUs lack): the same code, returning the blocked scales."""
+    `_scaled_mm` (which CPUs lack): the same code, returning the blocked scales (and the
+    norm output itself, which the fused op then also writes)."""
     torch.manual_seed(1)
     norm_weight = 0.1 * torch.randn(96 * 32)
 
     def quant_for_scaled_mm(x):
-        a = mx.gemma_rmsnorm(x, norm_weight, 1e-6).reshape(-1, x.shape[-1])
+        y = mx.gemma_rmsnorm(x, norm_weight, 1e-6)
+        a = y.reshape(-1, x.shape[-1])
         scales, codes = mx_tensor.to_mx(a, FP8, 32, ScaleCalculationMode.RCEIL)
-        return codes, to_blocked(scales.view(a.shape[0], -1)).view(torch.uint8)
+        return codes, to_blocked(scales.view(a.shape[0], -1)).view(torch.uint8), y * 2
 
     x = torch.randn(3, 50, 96 * 32).to(torch.bfloat16)
     fused_fn, fusion = compile_fused(quant_for_scaled_mm)
@@ -350,6 +344,7 @@ def test_blocked_scales_are_written_blocked():
         assert_bitwise(tuple(map(_as_bytes, plain_fn(x))), expected)
     assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant(log2):swizzled": 1}
     assert fusion.after["aten::permute"] == 0 and fusion.after["aten::slice_scatter"] == 0
+    assert fusion.after["mxfuse::gemma_rmsnorm"] == 0  # y comes from the fused op (emit_y)
 
 
 # --------------------------------------------------------------------------- Hugging Face

@@ -65,6 +65,7 @@ class TorchaoQuantMatch:
 
     node: fx.Node  # the `[M, K/32, 32]` head of the chain (the chain is live while it is)
     x: fx.Node  # the quantized activation, before the reshapes (e.g. the norm's y)
+    reads: fx.Node  # the user of x the chain reads it through (a reshape, or the head itself)
     swizzled: bool  # the scales go through to_blocked (F8_128x4) before their reader
     codes: fx.Node
     scales: fx.Node
@@ -116,9 +117,11 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
     if codes is None or scales is None:
         return None
     blocked = _to_blocked(scales)
+    x, reads = _before_views(head, h.shape[-2] * BLOCK)
     return TorchaoQuantMatch(
         node=head,
-        x=_before_views(head.args[0], h.shape[-2] * BLOCK),
+        x=x,
+        reads=reads,
         swizzled=blocked is not None,
         codes=codes,
         scales=blocked if blocked is not None else scales,
@@ -402,14 +405,16 @@ def _same_rows(a, b) -> bool:
     )
 
 
-def _before_views(node: fx.Node, k: int) -> fx.Node:
-    """Walk back through reshapes that keep the rows (last dim K): the tensor the rows come from."""
+def _before_views(head: fx.Node, k: int) -> tuple[fx.Node, fx.Node]:
+    """`(x, reads)`: walking back from the head through reshapes that keep the rows (last dim
+    K), the tensor the rows come from and its user on the way to the head."""
+    reads, node = head, head.args[0]
     while is_call(node, *_VIEWS) and isinstance(node.args[0], fx.Node):
         src = fake(node.args[0])
         if src is None or src.dim() < 1 or not statically_known_true(src.shape[-1] == k):
             break
-        node = node.args[0]
-    return node
+        reads, node = node, node.args[0]
+    return node, reads
 
 
 __all__ = ["ScaleSpelling", "TorchaoQuantMatch", "match_torchao_quant", "torchao_quant_users"]
