@@ -15,17 +15,12 @@ graph; `y` is the bf16 activation `[..., K]`, `S = K/32`)::
     scales = squeeze(view.dtype(e, e8m0fnu), -1)                      # [M, S]
     scales = reshape(...to_blocked(scales)..., [pad128(M) * pad4(S)]) # where the GEMM (AUTO) swizzles
 
-The EMULATED kernel dequantizes `codes` and the row-major `scales`; `AUTO` feeds
-`_scaled_mm` with the flat blocked (F8_128x4) scales. Both scale spellings compute the
-exact `ceil(log2(amax / 448))` for a bf16 amax (tested against torchao on every finite
-bf16 amax), which is the project's E8M0 rule; what differs from the project's default
-encoding is NaN and scale byte 0: :attr:`QuantRule.TORCHAO`.
-
-:func:`match_torchao_quant` checks every node and constant of that chain (the reshape
-sizes only through the fake shapes, so any K and a dynamic M match) and returns a
-:class:`TorchaoQuantMatch`; :meth:`TorchaoQuantMatch.replace_outputs` points the chain's
-users at a fused op's codes and scales (through the views torchao's consumers read), after
-which the whole chain is dead. Pure functions of the graph, like the other recognizers.
+EMULATED dequantizes `codes` and the row-major `scales`; AUTO feeds `_scaled_mm` the flat
+blocked (F8_128x4) scales. For a bf16 amax both spellings give the exact `ceil(log2(amax /
+448))` of DESIGN.md; NaN and scale byte 0 differ from the default encoding:
+:attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
+chain (reshape sizes only through fake shapes: any K, dynamic M);
+:meth:`TorchaoQuantMatch.replace_outputs` rewires its readers to a fused op, leaving it dead.
 """
 
 from __future__ import annotations
@@ -108,7 +103,7 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
     if descale is None or h32 is None:
         return None
     multiplier = _only_user(descale, aten.where.self, check=lambda n: n.args[1] is descale)
-    exponent = _multiplier_exponent(multiplier, descale)
+    exponent = _multiplier_exponent(multiplier)
     spelling = _exponent_spelling(exponent, descale)
     if spelling is None:
         return None
@@ -132,6 +127,7 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
 def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
     """The torchao quants that read `node` (through reshapes of its rows), in graph order."""
     found, work = [], [node]
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
     while work:
         for user in work.pop().users:
             match = match_torchao_quant(user)
@@ -139,7 +135,7 @@ def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
                 found.append(match)
             elif is_call(user, *_VIEWS):
                 work.append(user)
-    return [m for m in found if m.x is node]
+    return sorted((m for m in found if m.x is node), key=lambda m: order[m.node])
 
 
 # --------------------------------------------------------------------------- the chain
@@ -154,7 +150,7 @@ def _descale(head: fx.Node) -> fx.Node | None:
     return _only_user(node, aten.div.Tensor, check=lambda n: _value(n.args[1]) == E4M3_MAX)
 
 
-def _multiplier_exponent(multiplier: fx.Node | None, descale: fx.Node) -> fx.Node | None:
+def _multiplier_exponent(multiplier: fx.Node | None) -> fx.Node | None:
     """The E8M0 byte `e` of `where(e == 255, d, where(e == 254, 2**-127, where(e == 0, 1.0, exp2(127 - f32(e)))))`."""
     if multiplier is None:
         return None
@@ -181,9 +177,7 @@ def _multiplier_exponent(multiplier: fx.Node | None, descale: fx.Node) -> fx.Nod
 
 
 def _exponent_spelling(exponent: fx.Node | None, descale: fx.Node) -> ScaleSpelling | None:
-    if exponent is None:
-        return None
-    if _is_log2_rceil(exponent, descale):
+    if exponent is not None and _is_log2_rceil(exponent, descale):
         return ScaleSpelling.LOG2
     if _is_convert(exponent, torch.uint8) and _is_ptx_rceil(exponent.args[0], descale):
         return ScaleSpelling.PTX
@@ -229,9 +223,7 @@ def _codes(h32: fx.Node, multiplier: fx.Node, head: fx.Node) -> fx.Node | None:
     node = _clamp_users(node, -E4M3_MAX, E4M3_MAX)
     node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == torch.float8_e4m3fn)
     node = _only_user(node, *_VIEWS)
-    if node is None or not _same_rows(fake(node), fake(head.args[0])):
-        return None
-    return node
+    return node if _shape_is(node, fake(head.args[0]).shape) else None
 
 
 def _row_scales(exponent: fx.Node, head: fx.Node) -> fx.Node | None:
@@ -280,7 +272,7 @@ def _zero_padded(scales: fx.Node) -> fx.Node | None:
     padded_shape = ((m + 127) // 128 * 128, (n + 3) // 4 * 4)
     node = scales
     for _ in range(4):  # copy, slice_scatter (columns), slice_scatter (rows)
-        if _has_shape(node, padded_shape):
+        if _shape_is(node, padded_shape):
             return node  # the scales themselves, or zeros with the scales written at the origin
         writes = [u for u in node.users if _writes_at_origin(u, node)]
         if len(writes) != 1 or len(node.users) != 1:
@@ -293,7 +285,7 @@ def _writes_at_origin(user: fx.Node, value: fx.Node) -> bool:
     """`user` writes `value` at offset 0 of a slice of a `full(0)`: `copy(slice..(full), value)`
     or `slice_scatter(base, value, dim, 0, end)` with base a `full(0)` or a slice of one."""
     if is_call(user, aten.copy.default) and user.args[1] is value:  # no broadcast: same shape
-        return _same_rows(fake(user.args[0]), fake(value)) and _root_of(user.args[0]) is not None
+        return _shape_is(user.args[0], fake(value).shape) and _root_of(user.args[0]) is not None
     if is_call(user, aten.slice_scatter.default) and user.args[1] is value:
         dim, start = user.args[2] if len(user.args) > 2 else 0, user.args[3] if len(user.args) > 3 else None
         return dim in (0, 1) and start in (0, None) and _root_of(user.args[0]) is not None
@@ -314,15 +306,6 @@ def _skip_clones(node: fx.Node | None) -> fx.Node | None:
     while _only_user(node, aten.clone.default) is not None and len(node.users) == 1:
         node = _only_user(node, aten.clone.default)
     return node
-
-
-def _has_shape(node: fx.Node, shape) -> bool:
-    value = fake(node)
-    return (
-        value is not None
-        and value.dim() == len(shape)
-        and all(statically_known_true(a == b) for a, b in zip(value.shape, shape))
-    )
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -395,13 +378,13 @@ def _is_last_dim(dims, head: fx.Node) -> bool:
     return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
 
 
-def _same_rows(a, b) -> bool:
-    """Two fake tensors of the same shape (dims may be symbolic)."""
+def _shape_is(node, shape) -> bool:
+    """`node`'s fake value has `shape` (dims may be symbolic)."""
+    value = fake(node)
     return (
-        a is not None
-        and b is not None
-        and a.dim() == b.dim()
-        and all(statically_known_true(p == q) for p, q in zip(a.shape, b.shape))
+        value is not None
+        and value.dim() == len(shape)
+        and all(statically_known_true(a == b) for a, b in zip(value.shape, shape))
     )
 
 
