@@ -149,6 +149,18 @@ def test_unknown_rule_is_refused_with_the_op_name(rule):
         mx.gemma_rmsnorm_mxfp8(x, torch.zeros(32), 1e-6, rule=rule)
 
 
+@pytest.mark.parametrize("op", ["mxfp8_quantize", "gemma_rmsnorm_mxfp8", "gemma_fused_add_rmsnorm_mxfp8"])
+def test_opcheck_with_the_torchao_rule(op):
+    g = torch.Generator().manual_seed(6)
+    x, r = (torch.randn(5, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    w = torch.randn(64, dtype=torch.bfloat16)
+    args = {"mxfp8_quantize": (x, True), "gemma_rmsnorm_mxfp8": (x, w, 1e-6, True, True)}
+    args = args.get(op, (x, r, w, 1e-6, False, True, True))
+    kwargs = {"rule": int(QuantRule.TORCHAO)}
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_static")
+    torch.library.opcheck(getattr(mx, op).default, args, kwargs, test_utils=utils)
+
+
 def nan_sign_free(codes: torch.Tensor) -> torch.Tensor:
     """Code bytes with every NaN as 0x7F: which NaN operand survives (its sign) is an
     implementation detail (x86 vs GPU, eager vs Inductor); NaN-ness is compared."""
