@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mxfuse.ops import reference
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE, scale_columns, scale_shape, swizzled_scale_shape
+from mxfuse.ops.reference import QuantRule
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 QUANT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -68,6 +69,12 @@ def _check_norm(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = No
         tensors["residual"] = residual
     _check_same_device(op, **tensors)
     return k
+
+
+def _check_rule(op: str, rule: int) -> QuantRule:
+    if rule not in set(QuantRule):
+        _fail(op, f"rule={rule!r} is not a QuantRule ({', '.join(f'{r.value}={r.name}' for r in QuantRule)})")
+    return QuantRule(rule)
 
 
 def _rows(x: Tensor, k: int) -> Tensor:
@@ -137,25 +144,30 @@ def _(x, residual, weight, eps):
 
 
 @torch.library.custom_op("mxfuse::mxfp8_quantize", mutates_args=())
-def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
-    """MXFP8 codes (e4m3, shape of x) and E8M0 scales (`[..., K/32]`, or F8_128x4 when swizzled)."""
+def mxfp8_quantize(x: Tensor, swizzled: bool = False, rule: int = 0) -> tuple[Tensor, Tensor]:
+    """MXFP8 codes (e4m3, shape of x) and E8M0 scales (`[..., K/32]`, or F8_128x4 when swizzled).
+
+    `rule`: a :class:`QuantRule` value (NaN and scale-byte-0 encoding; 0 = the rule of docs/design.md).
+    """
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
-    codes, scales = reference.quantize_rows(_rows(x, k))
+    rule = _check_rule("mxfp8_quantize", rule)
+    codes, scales = reference.quantize_rows(_rows(x, k), rule)
     return codes.reshape(x.shape), _layout(scales, x.shape[:-1], k, swizzled)
 
 
 @mxfp8_quantize.register_fake
-def _(x, swizzled=False):
+def _(x, swizzled=False, rule=0):
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
     return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE)
+    _check_rule("mxfp8_quantize", rule)
 
 
 @mxfp8_quantize.register_kernel("cuda")
-def _(x, swizzled=False):
+def _(x, swizzled=False, rule=0):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
-    codes, scales = triton_norm_quant.quantize(_rows(x, k), swizzled)
+    codes, scales = triton_norm_quant.quantize(_rows(x, k), swizzled, rule=_check_rule("mxfp8_quantize", rule))
     return codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k))
 
 
@@ -168,17 +180,24 @@ def _layout(scales: Tensor, lead, k: int, swizzled: bool) -> Tensor:
 
 @torch.library.custom_op("mxfuse::gemma_rmsnorm_mxfp8", mutates_args=())
 def gemma_rmsnorm_mxfp8(
-    x: Tensor, weight: Tensor, eps: float, swizzled: bool = False, emit_y: bool = False, weight_offset: float = 1.0
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    weight_offset: float = 1.0,
+    rule: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gemma norm and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
 
     Bitwise equal to `mxfp8_quantize(gemma_rmsnorm(x, weight, eps), swizzled)`.
     `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
-    when the graph already holds `1 + w`).
+    when the graph already holds `1 + w`). `rule`: as in `mxfp8_quantize`.
     """
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
+    rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
     y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
-    codes, scales = reference.quantize_rows(y)
+    codes, scales = reference.quantize_rows(y, rule)
     return (
         codes.reshape(x.shape),
         _layout(scales, x.shape[:-1], k, swizzled),
@@ -187,8 +206,9 @@ def gemma_rmsnorm_mxfp8(
 
 
 @gemma_rmsnorm_mxfp8.register_fake
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0):
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
+    _check_rule("gemma_rmsnorm_mxfp8", rule)
     return (
         x.new_empty(x.shape, dtype=FP8_DTYPE),
         x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
@@ -197,12 +217,13 @@ def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
 
 
 @gemma_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
+    rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
     codes, scales, _, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset
+        _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset, rule=rule
     )
     return (
         codes.reshape(x.shape),
@@ -224,17 +245,19 @@ def gemma_fused_add_rmsnorm_mxfp8(
     emit_y: bool = False,
     round_sum: bool = False,
     weight_offset: float = 1.0,
+    rule: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residual add, Gemma norm and MXFP8 quant in one pass: `(codes, scales, residual_out, y)`.
 
     Bitwise equal to quantizing `gemma_fused_add_rmsnorm`'s y. `round_sum=True`
     normalizes the dtype-rounded sum instead of the fp32 sum: the order of a
-    Hugging Face layer (`residual + hidden` in bf16, then the norm).
+    Hugging Face layer (`residual + hidden` in bf16, then the norm). `rule`: as in `mxfp8_quantize`.
     """
     op = "gemma_fused_add_rmsnorm_mxfp8"
     k = _check_norm(op, x, weight, residual, eps=eps)
+    rule = _check_rule(op, rule)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
-    codes, scales = reference.quantize_rows(y)
+    codes, scales = reference.quantize_rows(y, rule)
     return (
         codes.reshape(x.shape),
         _layout(scales, x.shape[:-1], k, swizzled),
@@ -244,8 +267,9 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
+    _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
     return (
         x.new_empty(x.shape, dtype=FP8_DTYPE),
         x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
@@ -255,10 +279,11 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
+    rule = _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
     codes, scales, res, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k),
         _rows(residual, k),
@@ -268,6 +293,7 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
         emit_y=emit_y,
         round_sum=round_sum,
         weight_offset=weight_offset,
+        rule=rule,
     )
     return (
         codes.reshape(x.shape),

@@ -8,6 +8,8 @@ reduction order on GPU vs. CPU).
 
 from __future__ import annotations
 
+import enum
+
 import torch
 from torch import Tensor
 
@@ -25,6 +27,23 @@ from mxfuse.ops.mx_layout import (
 
 _FLT_MIN_BITS = 0x00800000  # smallest normal fp32
 _E4M3_MAX_EXP_BITS = 0x600000  # mantissa of 448 = 1.75 * 2**8
+E8M0_NAN = 255
+
+
+class QuantRule(enum.IntEnum):
+    """How a block with a NaN, and a block whose scale byte is 0, are encoded.
+
+    The ops take it as an int argument (`rule`); a rewrite picks it from the quant it
+    replaces. Every other value encodes the same under both rules (the E8M0 scale is
+    the exact `ceil(log2(amax / 448))` rule of DESIGN.md in both).
+    """
+
+    DEFAULT = 0
+    """DESIGN.md's rule: NaN takes no part in the amax (only the NaN element encodes as
+    NaN); a block with scale byte 0 is multiplied by 2**127 (its codes keep their bits)."""
+    TORCHAO = 1
+    """torchao's RCEIL (`_to_mx_rceil`): a NaN makes the whole block NaN (scale byte 255,
+    all 32 codes NaN); a block with scale byte 0 is multiplied by 1.0 (codes flush to 0)."""
 
 
 def e8m0_scale_from_amax(amax: Tensor) -> Tensor:
@@ -57,12 +76,15 @@ def e8m0_to_float(sb: Tensor) -> Tensor:
     return torch.where(e == 0, torch.full_like(normal, 2.0**-127), normal)
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(x: Tensor, rule: int = QuantRule.DEFAULT) -> tuple[Tensor, Tensor]:
     """MXFP8-quantize `[M, K]` rows: e4m3 codes `[M, K]` and row-major E8M0 scales `[M, K/32]`.
 
-    Non-finite values: NaN is ignored by the block amax and encodes as NaN; +-Inf makes
-    the block scale 254 and encodes as +-448 (what the GPU's saturating convert does).
+    Non-finite values (`rule` DEFAULT): NaN is ignored by the block amax and encodes as
+    NaN; +-Inf makes the block scale 254 and encodes as +-448 (what the GPU's saturating
+    convert does). `rule` TORCHAO: see :class:`QuantRule`.
     """
+    if rule == QuantRule.TORCHAO:
+        return _quantize_rows_torchao(x)
     m, k = x.shape
     v = x.float().reshape(m, k // BLOCK, BLOCK)
     a = v.abs()
@@ -72,6 +94,25 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     q = torch.where(torch.isinf(v), torch.copysign(torch.full_like(q, FP8_MAX), v), q)
     codes = q.to(FP8_DTYPE).reshape(m, k)
     return codes, sb.reshape(m, scale_columns(k))
+
+
+def _quantize_rows_torchao(x: Tensor) -> tuple[Tensor, Tensor]:
+    """torchao's RCEIL encoding: the amax propagates NaN; scale byte 0 multiplies by 1.0.
+
+    A NaN block is multiplied by torchao's own NaN (`amax / 448`, the NaN the amax
+    returned) so that on CPU even the sign of each NaN code matches; the clamp keeps NaN
+    and maps +-Inf (scale 254, multiplier 2**-127) to +-448.
+    """
+    m, k = x.shape
+    v = x.float().reshape(m, k // BLOCK, BLOCK)
+    amax = v.abs().amax(dim=-1, keepdim=True)
+    nan_block = torch.isnan(amax)
+    sb = e8m0_scale_from_amax(torch.where(nan_block, 0.0, amax))
+    multiplier = torch.where(sb == 0, 1.0, e8m0_multiplier(sb))
+    multiplier = torch.where(nan_block, amax / E4M3_MAX, multiplier)
+    q = (v * multiplier).clamp(-E4M3_MAX, E4M3_MAX)
+    sb = torch.where(nan_block, E8M0_NAN, sb)
+    return q.to(torch.float8_e4m3fn).reshape(m, k), sb.reshape(m, k // BLOCK)
 
 
 def swizzle_scales(scales: Tensor) -> Tensor:
@@ -116,9 +157,9 @@ def gemma_fused_add_rmsnorm(
     return gemma_norm_rows(s, weight, eps, x.dtype, weight_offset), residual_out
 
 
-def mxfp8_quantize(x: Tensor, swizzled: bool = False) -> tuple[Tensor, Tensor]:
+def mxfp8_quantize(x: Tensor, swizzled: bool = False, rule: int = QuantRule.DEFAULT) -> tuple[Tensor, Tensor]:
     k = x.shape[-1]
-    codes, scales = quantize_rows(x.reshape(-1, k))
+    codes, scales = quantize_rows(x.reshape(-1, k), rule)
     if swizzled:
         return codes.reshape(x.shape), swizzle_scales(scales)
     return codes.reshape(x.shape), scales.reshape(*x.shape[:-1], scale_columns(k))
