@@ -14,7 +14,7 @@ from graph_helpers import (
     compile_with_pass,
 )
 
-import mxfuse  # noqa: F401
+import mxfuse
 from mxfuse.ops import reference
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
@@ -291,7 +291,7 @@ def flashinfer_ops():
     graphs carry; the CPU impl is the Gemma reference, in place."""
     ns = torch.ops.flashinfer
     if not hasattr(ns, "gemma_fused_add_rmsnorm"):
-        lib = torch.library.Library("flashinfer", "FRAGMENT")  # noqa: F841 - kept alive by the fixture
+        lib = torch.library.Library("flashinfer", "FRAGMENT")
         lib.define("gemma_rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool? enable_pdl) -> ()")
         lib.define(
             "gemma_fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
@@ -433,3 +433,32 @@ def test_dump_dir_writes_graph_before_and_after(tmp_path):
     assert "mxfuse.gemma_rmsnorm.default" in before and "mxfuse.mxfp8_quantize.default" in before
     assert "mxfuse.gemma_rmsnorm_mxfp8.default" in after and "mxfuse.mxfp8_quantize.default" not in after
     assert capture.report.dumps[0].endswith("mxfuse_000.before.py")
+
+
+def test_duplicate_getitems_left_by_freezing_are_folded(caplog):
+    """Issue 19's reproduction: under freezing, CSE merges identical calls but keeps their getitems."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.w = torch.nn.Parameter(w, requires_grad=False)
+
+        def forward(self, x, residual):
+            y = mx.gemma_rmsnorm(x, self.w, 1e-6)
+            a, b = mx.mxfp8_quantize(y), mx.mxfp8_quantize(y)  # the same quant twice
+            c, d = mx.mxfp8_quantize(x), mx.mxfp8_quantize(x)  # ... of a graph input
+            y1, r1 = mx.gemma_fused_add_rmsnorm(x, residual, self.w, 1e-5)  # the same norm twice
+            y2, r2 = mx.gemma_fused_add_rmsnorm(x, residual, self.w, 1e-5)
+            return (*a, *b, *c, *d, *mx.mxfp8_quantize(y1), r1, y2, r2)
+
+    x, r, w = inputs()
+    model = Model(w).eval()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), caplog.at_level("WARNING", logger="mxfuse"):
+        compiled, capture = compile_with_pass(model)
+        assert_bitwise(compiled(x, r), model(x, r))
+    assert not capture.report.failed and "mxfuse" not in caplog.text
+    assert capture.report.matched_strings() == {
+        "mxfuse:plain->mxfuse_quant:rowmajor": 1,
+        "mxfuse:fused_add->mxfuse_quant:rowmajor+y": 1,
+    }
+    assert capture.after[FUSED_PLAIN] == 1 and capture.after[FUSED_ADD] == 1 and capture.after[QUANT] == 1
