@@ -121,19 +121,6 @@ def gathers(gm) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in ops]
 
 
-def bits(t):
-    if t.dtype in (FP8, torch.uint8):
-        return t.view(torch.uint8)
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def assert_same(actual, expected):
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
-        assert torch.equal(bits(a), bits(e))
-
-
 def c10d_gather(t, dim_group=(W, GROUP)):
     return c10d.wait_tensor(c10d.all_gather_into_tensor(t, *dim_group))
 
