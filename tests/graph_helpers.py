@@ -11,6 +11,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import mxfuse
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
+from mxfuse.patterns import norm_quant
 
 
 def op_name(node) -> str | None:
@@ -80,6 +81,22 @@ def assert_bitwise(actual, expected):
         return
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, (actual.shape, expected.shape)
     assert torch.equal(bits(actual), bits(expected))
+
+
+def inputs(m=5, k=64, dtype=torch.bfloat16):
+    """`(x, residual, weight)` of the norm tests."""
+    x, residual, weight, _ = norm_quant.example_inputs(m, k, dtype)
+    return x, residual, weight
+
+
+def check(fn, args, expect_after, *, dynamic=False, **options):
+    """Compile with the pass, compare to eager bitwise, return the capture."""
+    compiled, capture = compile_with_pass(fn, dynamic=dynamic, **options)
+    with torch.no_grad():
+        assert_bitwise(compiled(*args), fn(*args))
+    for op, count in expect_after.items():
+        assert capture.after[op] == count, (op, capture.after)
+    return capture
 
 
 MX = "mxfuse::"

@@ -113,7 +113,9 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
 
 
 def _other_rewrite_kind(norm_kind: str, report: PassReport) -> str:
-    kinds = sorted(str(k) for k in report.matched if k.norm_kind == norm_kind and k.rewrite != "norm_quant")
+    kinds = sorted(
+        str(k) for k in report.matched if k.norm_kind == norm_kind and k.fuses_norm and k.rewrite != "norm_quant"
+    )
     return " or ".join(kinds) if kinds else "replaced by a rewrite (see the report's matched kinds)"
 
 

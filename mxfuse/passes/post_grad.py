@@ -62,8 +62,10 @@ def run(graph: fx.Graph, options: PassOptions) -> PassReport:
                     _apply_site(graph, rewrite, planned, options, report)
         if report.matched:
             current = "topological sort"
-            # Inductor sorts after the custom pass too, but explain, the CLI and tests read
-            # (and execute) the graph right after this function.
+            # Inductor (2.14) sorts again after post_grad_custom_post_pass, but this function
+            # also runs where nothing sorts after it: `explain`, the CLI's recording pass,
+            # tests that execute the graph, and inside vLLM's pass manager before its later
+            # passes. (torch 2.11's post_grad.py, the GPU image's, was not at hand to check.)
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(graph)

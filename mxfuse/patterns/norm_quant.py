@@ -27,7 +27,7 @@ from torch import fx
 from mxfuse.patterns.fx_utils import call, getitem, has_live_users, redirect_uses
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
-from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode
+from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
 
 if TYPE_CHECKING:
     from mxfuse.passes.options import PassOptions
@@ -82,7 +82,7 @@ class NormQuant:
         planned: list[NormQuantFusion | Skip] = []
         for norm in find_norms(graph):
             if not _is_dead(norm):  # else left behind by an earlier rewrite; erased after the pass
-                planned.append(plan_one(norm))
+                planned.append(plan_site(NAME, norm.y, norm.kind, options, lambda norm=norm: plan_one(norm)))
         return planned
 
     def apply(self, graph: fx.Graph, fusion: NormQuantFusion, options: PassOptions) -> fx.Node | None:

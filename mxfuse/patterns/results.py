@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import enum
 import functools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from torch import fx
 
 if TYPE_CHECKING:
     from mxfuse.passes.options import PassOptions
+
+log = logging.getLogger("mxfuse")
+T = TypeVar("T")
 
 
 @functools.total_ordering
@@ -152,3 +157,18 @@ class Rewrite(Protocol):
     def apply(self, graph: fx.Graph, fusion: Fusion, options: PassOptions) -> fx.Node | None:
         """The node standing for the rewritten site; None when the plan no longer applies."""
         ...
+
+
+def plan_site(
+    rewrite: str, node: fx.Node, norm_kind: str | None, options: PassOptions, plan: Callable[[], T]
+) -> T | Skip:
+    """`plan()` for one site; an exception skips this site only (raised when `options.strict`)."""
+    try:
+        return plan()
+    except Exception as error:
+        if options.strict:
+            raise
+        what = f"{type(error).__name__}: {error}"
+        log.warning("mxfuse: pattern %s failed planning %s; that site left unchanged. %s", rewrite, node, what)
+        log.debug("mxfuse planning failure", exc_info=True)
+        return Skip(rewrite, node, norm_kind, SkipCode.REWRITE_FAILED, f"planning it failed ({what})")

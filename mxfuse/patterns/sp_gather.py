@@ -62,7 +62,7 @@ from mxfuse.patterns.fx_utils import fake, is_call, static_int
 from mxfuse.patterns.gather_checks import gather_reason, gathered_shapes_reason, rows_reason, shape_reads
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import QuantMatch, find_quants, quant_reject_reason, quant_users
-from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode
+from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
 
 if TYPE_CHECKING:
     from mxfuse.passes.options import PassOptions
@@ -168,14 +168,16 @@ class SpGather:
             return []
         planned: list = []
         for quant in find_quants(graph):
-            verdict = plan_gathered_quant(quant, options)
+            site = quant.x if isinstance(quant.x, fx.Node) else quant.node
+            verdict = plan_site(NAME, site, None, options, lambda q=quant: plan_gathered_quant(q, options))
             if verdict is not None:
                 planned.append(verdict)
         for norm in find_norms(graph):
             for user in list(norm.y.users):
                 gather = match_all_gather(user)
                 if gather is not None and gather.x is norm.y:
-                    planned.append(plan_norm_gather(norm, gather, options))
+                    plan = lambda n=norm, g=gather: plan_norm_gather(n, g, options)
+                    planned.append(plan_site(NAME, norm.y, norm.kind, options, plan))
         return planned
 
     def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant, options: PassOptions) -> fx.Node | None:

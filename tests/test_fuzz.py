@@ -1,0 +1,211 @@
+"""Random programs of Gemma norms, look-alikes and MXFP8 quants, run with and without the pass.
+
+A seeded generator draws a chain of blocks. Each block is one norm in a form the pass
+knows (mxfuse ops, vLLM IR with `w.float() + 1`, Hugging Face's decomposed ATen) or a
+look-alike it must refuse (Llama `w` for `1 + w`, `2 + w`, mean over another dim,
+`pow(4)`, statistics of another tensor, eps as a tensor input, weights of shape `[1]`
+or `[1, K]`), maybe all-gathered along rows (sequence parallelism, simulated in one
+process as in tests/sp_helpers.py), followed by 0-2 quants (mxfuse's or vLLM's, either
+layout), maybe a view before a quant, maybe another bf16 user; dtypes bf16/fp16 (and
+fp32: refused), K a multiple of 32 or not (tests/fuzz_programs.py). Each program is
+checked under every option value:
+
+- no exception (the suite runs strict) and nothing logged at WARNING by `mxfuse`;
+- outputs bitwise equal to the graph without the pass for mxfuse's own norms, within
+  the README's bound for foreign ones (codes one e4m3 step, scales one, bf16/fp16 one ulp);
+- every fusion the report claims is a fused (or packed) op in the graph (with `emit_y`
+  as claimed), every clearly fusable norm is fused, no look-alike is.
+
+Most programs are traced with `make_fx` and Inductor's decompositions (what the
+post-grad graph holds) and executed on CPU, with dim 0 symbolic (dynamic M: run at two
+row counts). One goes through `torch.compile` itself, with freezing (weights as frozen
+parameters) and dynamic=True. `MXFUSE_FUZZ_EXAMPLES=N` runs N traced programs instead of
+the CI set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+
+import pytest
+import torch
+from fuzz_programs import (
+    FUSED,
+    KNOWN,
+    LOOKALIKES,
+    PACKED,
+    PACKED_FUSED,
+    Program,
+    draw_program,
+    program_fn,
+    program_inputs,
+)
+from graph_helpers import bits, op_counts, op_name
+from sp_helpers import simulate
+from torch import fx
+from torch._inductor.decomposition import select_decomp_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.passes import post_grad
+from mxfuse.passes.explain import copy_graph
+from mxfuse.passes.options import SP_GATHER_MODES, PassOptions
+
+# ------------------------------------------------------------------ checks
+
+
+def assert_outputs(actual, expected, foreign):
+    assert len(actual) == len(expected) == len(foreign)
+    for a, e, is_foreign in zip(actual, expected, foreign):
+        assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
+        if not is_foreign or a.dtype == torch.float32:
+            assert torch.equal(bits(a), bits(e))
+        elif a.numel():  # README: codes one e4m3 step, scales one, bf16/fp16 one ulp
+            assert int((bits(a).int() - bits(e).int()).abs().max()) <= 1
+
+
+def assert_report_is_real(report, graph, program: Program, options: PassOptions):
+    """Each claimed fusion is an op in the graph; each clearly fusable block has one, no look-alike has."""
+    assert report.failed is None, report.failed
+    ops = {"fused": FUSED, "packed_fused": PACKED_FUSED, "packed": PACKED}
+    found = {c: [n for n in graph.nodes if op_name(n) in names] for c, names in ops.items()}
+    claimed = {
+        "fused": [k for k in report.matched.elements() if k.rewrite == "norm_quant"],
+        "packed_fused": [k for k in report.matched.elements() if k.packed_gather and k.fuses_norm],
+        "packed": [k for k in report.matched.elements() if k.packed_gather and not k.fuses_norm],
+    }
+    for category, (least, most) in program.expected(options).items():
+        assert len(found[category]) == len(claimed[category]), (category, report.as_dict())
+        assert least <= len(found[category]) <= most, (category, program, options, report.as_dict())
+    emitting = sum(bool(n.kwargs.get("emit_y")) for n in found["fused"])
+    assert emitting == sum(k.writes_y for k in claimed["fused"]), report.as_dict()
+
+
+# ------------------------------------------------------------------ traced programs
+
+
+def options_of(rng: random.Random) -> list[PassOptions]:
+    """Every option value, each at least once."""
+    return [
+        PassOptions.from_env(fuse_norm_quant=fuse, sp_gather=mode)
+        for fuse in (True, False)
+        for mode in rng.sample(SP_GATHER_MODES, k=1 if not fuse else len(SP_GATHER_MODES))
+    ]
+
+
+def trace(fn, args):
+    """The post-grad-like graph of `fn`: Inductor's decompositions, dim 0 of the row inputs symbolic."""
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    rows = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    first = mode.from_tensor(args[0], symbolic_context=rows)
+    fakes = []
+    for a in args:
+        if a.dim() == 2 and a.shape == args[0].shape:
+            with mode:
+                fakes.append(torch.empty_like(first))
+        else:
+            fakes.append(mode.from_tensor(a))
+    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="real")(*fakes)
+
+
+def check_traced(program: Program, options_list: list[PassOptions], seed: int, caplog):
+    fn, foreign = program_fn(program)
+    unfused = trace(fn, program_inputs(program, 5, seed))
+    runs = {m: program_inputs(program, m, seed + m) for m in (5, 33)}  # dynamic M: one trace, two row counts
+    with torch.no_grad():
+        expected = {m: simulate(unfused, *args) for m, args in runs.items()}
+    for options in options_list:
+        gm = fx.GraphModule(unfused, copy_graph(unfused.graph))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mxfuse"):
+            report = post_grad.run(gm.graph, options)
+        assert not [r for r in caplog.records if r.name.startswith("mxfuse")], caplog.text
+        gm.recompile()
+        assert_report_is_real(report, gm.graph, program, options)
+        with torch.no_grad():
+            for m, args in runs.items():
+                assert_outputs(simulate(gm, *args), expected[m], foreign)
+
+
+def _vllm_available() -> bool:
+    try:
+        import vllm.ir.ops
+        import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+CI_SEEDS = range(12)
+SEEDS = range(int(os.environ.get("MXFUSE_FUZZ_EXAMPLES", "0"))) or CI_SEEDS
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_traced_random_program(seed, caplog):
+    program, rng = draw_program(seed, with_vllm=_vllm_available())
+    check_traced(program, options_of(rng), seed, caplog)
+
+
+def test_the_generator_covers_every_form():
+    """The CI seeds draw every known form and every look-alike (else the set is too small)."""
+    forms = {b.form for seed in CI_SEEDS for b in draw_program(seed, True)[0].blocks}
+    assert forms >= set(KNOWN) | set(LOOKALIKES) - {"vllm_ir"}, sorted(set(KNOWN) | set(LOOKALIKES) - forms)
+
+
+# ------------------------------------------------------------------ compiled programs
+
+
+class Frozen(torch.nn.Module):
+    """The program with its weights as frozen parameters (what freezing constant-folds)."""
+
+    def __init__(self, program: Program, weights):
+        super().__init__()
+        self.fn, self.foreign = program_fn(program)
+        self.ws = torch.nn.ParameterList([torch.nn.Parameter(w, requires_grad=False) for w in weights])
+
+    def forward(self, residual, eps_tensor, *xs):
+        return self.fn(residual, eps_tensor, *(t for pair in zip(xs, self.ws) for t in pair))
+
+
+class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
+    def __init__(self, options):
+        self.options, self.report, self.counts = options, None, None
+
+    def __call__(self, graph):
+        if self.options is not None:
+            self.report = post_grad.run(graph, self.options)
+            self.graph = graph
+        self.counts = op_counts(graph)
+
+    def uuid(self):
+        return None
+
+
+@pytest.mark.parametrize("seed", [132])  # three norms, one with the same quant twice (CSE)
+def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
+    """One program through torch.compile itself (dynamic=True, freezing on), with and without the pass."""
+    program, _ = draw_program(seed, with_vllm=False, gathers=False)
+    program = dataclasses.replace(program, dtype=torch.bfloat16, k=64, frozen=True)
+    assert program.expected(PassOptions())["fused"][0] > 0, program  # at least one norm must fuse
+    weights = program_inputs(program, 6, seed)[3::2]
+    module = Frozen(program, weights).eval()
+    options = PassOptions.from_env()
+    outs: dict[str, list] = {"with": [], "without": []}
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), caplog.at_level(logging.WARNING, "mxfuse"):
+        for name, opts in (("with", options), ("without", None)):
+            torch._dynamo.reset()
+            capture = Capture(opts)
+            compiled = torch.compile(module, dynamic=True, options={"post_grad_custom_post_pass": capture})
+            for m in (6, 19):
+                args = program_inputs(program, m, seed + m)
+                outs[name].append(compiled(args[0], args[1], *args[2::2]))
+            if opts is not None:
+                assert_report_is_real(capture.report, capture.graph, program, options)
+    assert not [r for r in caplog.records if r.name.startswith("mxfuse")], caplog.text
+    for with_pass, without in zip(outs["with"], outs["without"]):
+        assert_outputs(with_pass, without, module.foreign)
