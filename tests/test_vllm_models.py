@@ -1,0 +1,353 @@
+"""vLLM 0.33's own compile pipeline on CPU, on vLLM's own model classes, with mxfuse as its post-grad pass.
+
+Each case builds a tiny model (two layers, random weights from vLLM's dummy loader) through
+vLLM's model loader with the ModelOpt MXFP8 config (`quant_method: "mxfp8"`, the MiniMax-style
+checkpoint tag), and compiles it in `CompilationMode.VLLM_COMPILE` with
+`inductor_passes={"post_grad_custom_post_pass": "mxfuse.vllm_pass"}`: Dynamo, vLLM's piecewise
+split at its attention ops, AOTAutograd, Inductor, vLLM's PostGradPassManager (its own passes,
+then mxfuse). A recording wrapper around the resolved `mxfuse.vllm_pass` counts, in every
+piecewise graph, the norm->quant sites BEFORE mxfuse runs and the fused sites AFTER, with a
+detector of its own (below), not with mxfuse's recognizers.
+
+Replaced in the fixture, because they cannot run without CUDA (nothing else is):
+- The MXFP8 linear kernel choice: vLLM has no CPU MXFP8 linear kernel, so the Blackwell
+  FlashInfer CuTe-DSL kernel (`FlashInferCutedslMxfp8LinearKernel`, the first choice on
+  sm_100) is declared supported and is the only candidate. Its `process_weights_after_loading`
+  and `apply_weights` run unchanged: `vllm.mxfp8_quantize(x.view(-1, K), True)` then
+  `vllm.mm_mxfp8` (traced through its fake impl, never run).
+- Attention: vLLM's `Attention` layer picks a backend at construction, which this CPU build
+  cannot. A stub layer with the same constructor calls vLLM's own splitting op
+  `vllm.unified_attention_with_output` with the same shapes, so the piecewise split is vLLM's.
+- `FixFunctionalizationPass`, the last step of vLLM's PostGradPassManager, needs vLLM's CUDA
+  extension (`torch.ops._C.rotary_embedding`); mxfuse has run before it. The stub ends the
+  piece's Inductor compile there, and the piece is not run (no CPU MXFP8 GEMM either).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import operator
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch import fx
+
+pytestmark = pytest.mark.vllm
+
+aten = torch.ops.aten
+TOKENS = 16
+HIDDEN = 128  # the CuTe-DSL MXFP8 kernel needs K >= 128 and N >= 128
+
+
+# ---------------------------------------------------------------- the independent detector
+# Ops that only reinterpret or copy values: a site may have any chain of them between norm and quant.
+_VALUE_PRESERVING = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.unsqueeze.default,
+    aten.flatten.using_ints,
+    aten.clone.default,
+    aten.alias.default,
+}
+
+
+def _quant_ops() -> dict:
+    ops = {torch.ops.vllm.mxfp8_quantize.default: "vllm.mxfp8_quantize"}
+    if hasattr(torch.ops.vllm, "flashinfer_mxfp8_quantize_8x4"):
+        ops[torch.ops.vllm.flashinfer_mxfp8_quantize_8x4.default] = "vllm.flashinfer_mxfp8_quantize_8x4"
+    return ops
+
+
+def _norm_ops() -> dict:
+    return {
+        torch.ops.vllm_ir.rms_norm.default: "rms_norm",
+        torch.ops.vllm_ir.fused_add_rms_norm.default: "fused_add_rms_norm",
+    }
+
+
+def _fused_ops() -> set:
+    return {torch.ops.mxfuse.gemma_rmsnorm_mxfp8.default, torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8.default}
+
+
+def _is_gemma_weight(node) -> bool:
+    """vLLM's GemmaRMSNorm hands its IR norm `weight.float() + 1.0`."""
+    if not (isinstance(node, fx.Node) and node.target in (aten.add.Tensor, aten.add.Scalar)):
+        return False
+    return any(isinstance(a, (int, float)) and a == 1 for a in node.args)
+
+
+def _source(node) -> tuple[fx.Node, list[str]]:
+    """Walk back through value-preserving ops (and a norm's tuple output); return the producer and the chain."""
+    chain = []
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _VALUE_PRESERVING:
+        chain.append(f"{node.target}{tuple(a if not isinstance(a, fx.Node) else a.name for a in node.args[1:])}")
+        node = node.args[0]
+    if isinstance(node, fx.Node) and node.target is operator.getitem:
+        chain.append(f"getitem[{node.args[1]}]")
+        node = node.args[0]
+    return node, chain[::-1]
+
+
+@dataclass
+class Site:
+    """One MXFP8 quant whose input is a Gemma RMSNorm output, seen before mxfuse ran."""
+
+    norm: str  # rms_norm | fused_add_rms_norm
+    quant: str
+    chain: list[str]  # the nodes between the norm and the quant, norm side first
+    quant_args: tuple
+
+    def describe(self) -> str:
+        return f"{self.norm} -> {' -> '.join(self.chain) or '(direct)'} -> {self.quant}{self.quant_args}"
+
+
+def norm_quant_sites(graph: fx.Graph) -> list[Site]:
+    norms, quants = _norm_ops(), _quant_ops()
+    sites = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in quants:
+            continue
+        producer, chain = _source(node.args[0])
+        if isinstance(producer, fx.Node) and producer.target in norms:
+            weight = (
+                producer.args[2]
+                if producer.target is torch.ops.vllm_ir.fused_add_rms_norm.default
+                else producer.args[1]
+            )
+            if _is_gemma_weight(weight):
+                args = tuple(a for a in node.args[1:]) + tuple(f"{k}={v}" for k, v in node.kwargs.items())
+                sites.append(Site(norms[producer.target], quants[node.target], chain, args))
+    return sites
+
+
+def fused_sites(graph: fx.Graph) -> int:
+    """mxfuse fused ops whose codes reach an MXFP8 GEMM (through getitem and value-preserving ops)."""
+    fused, count = _fused_ops(), 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.vllm.mm_mxfp8.default:
+            producer, _ = _source(node.args[0])
+            count += isinstance(producer, fx.Node) and producer.target in fused
+    return count
+
+
+# ---------------------------------------------------------------- the vLLM stand-up
+class _PiecesNotRun(Exception):
+    """Raised when a compiled piece is called: its compile stopped at FixFunctionalization."""
+
+
+class _StopAfterPostGradPasses(BaseException):
+    """Ends a piece's Inductor compile where vLLM's FixFunctionalization would need its CUDA extension."""
+
+
+@dataclass
+class Record:
+    sites: list[Site] = field(default_factory=list)
+    fused: int = 0
+    graphs: int = 0
+    matched: Counter = field(default_factory=Counter)
+    skipped: list = field(default_factory=list)
+
+
+def _recorder(inner, record: Record):
+    from vllm.compilation.passes.inductor_pass import InductorPass
+
+    class RecordingPass(InductorPass):
+        """Counts sites with the test's detector, runs the resolved mxfuse pass, counts fused sites."""
+
+        def __call__(self, graph: fx.Graph) -> None:
+            record.graphs += 1
+            record.sites += norm_quant_sites(graph)
+            inner(graph)
+            record.fused += fused_sites(graph)
+            report = inner.last_report
+            record.matched.update({str(k): v for k, v in report.matched.items()})
+            record.skipped += [str(s) for s in report.skipped]
+
+        def uuid(self):
+            return inner.uuid()
+
+    return RecordingPass()
+
+
+class _StubAttention(torch.nn.Module):
+    """vLLM's `Attention` constructor, then vLLM's splitting op with the real shapes."""
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, *args, prefix="", **kwargs):
+        super().__init__()
+        self.num_heads, self.head_size = num_heads, head_size
+        self.num_kv_heads, self.layer_name = num_kv_heads or num_heads, prefix
+        self.head_size_v = kwargs.get("head_size_v") or head_size
+
+    def forward(self, query, key, value, output_shape=None, output_dtype=None):
+        shape = output_shape or (query.shape[0], self.num_heads * self.head_size_v)
+        output = torch.empty(shape, dtype=output_dtype or query.dtype, device=query.device)
+        torch.ops.vllm.unified_attention_with_output(
+            query.view(-1, self.num_heads, self.head_size),
+            key.view(-1, self.num_kv_heads, self.head_size),
+            value.view(-1, self.num_kv_heads, self.head_size_v),
+            output.view(-1, self.num_heads, self.head_size_v),
+            self.layer_name,
+        )
+        return output.view(-1, shape[-1])
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu(tmp_path_factory):
+    """vLLM stood up once on CPU: env, the three CUDA-only replacements, a 1-rank gloo TP group."""
+    pytest.importorskip("vllm")
+    from unittest import mock
+
+    from vllm.compilation import backends
+    from vllm.compilation.passes.utility.fix_functionalization import FixFunctionalizationPass
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.mxfp8.flashinfer import FlashInferCutedslMxfp8LinearKernel
+    from vllm.platforms import current_platform
+
+    import mxfuse  # noqa: F401
+
+    if not hasattr(torch.ops.vllm, "mm_mxfp8"):
+        pytest.skip("vLLM registers vllm.mm_mxfp8 only where FlashInfer's kernels are usable (has_flashinfer())")
+
+    original_compile = backends.CompilerManager.compile
+
+    def compile_until_post_grad_done(self, *args, **kwargs):
+        try:
+            return original_compile(self, *args, **kwargs)
+        except _StopAfterPostGradPasses:
+
+            def not_run(*_):
+                raise _PiecesNotRun
+
+            return not_run
+
+    def stop(self, graph):
+        raise _StopAfterPostGradPasses
+
+    with (
+        mock.patch.dict(os.environ, {"VLLM_DISABLE_COMPILE_CACHE": "1", "HF_HUB_OFFLINE": "1"}),
+        mock.patch.object(
+            FlashInferCutedslMxfp8LinearKernel, "is_supported", classmethod(lambda c, cc=None: (True, None))
+        ),
+        mock.patch.dict(
+            linear_kernels._POSSIBLE_MXFP8_KERNELS, {current_platform._enum: [FlashInferCutedslMxfp8LinearKernel]}
+        ),
+        mock.patch.object(FixFunctionalizationPass, "__call__", stop),
+        mock.patch.object(backends.CompilerManager, "compile", compile_until_post_grad_done),
+    ):
+        port = 29500 + os.getpid() % 1000
+        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+            parallel_state.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+            parallel_state.initialize_model_parallel(1)
+        try:
+            yield tmp_path_factory.mktemp("vllm_models")
+        finally:
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
+
+
+def compile_model(root, name: str, hf_config: dict, attention_modules: tuple[str, ...]) -> Record:
+    """Load `hf_config` through vLLM's loader (dummy weights), run one forward under VLLM_COMPILE."""
+    import importlib
+    from unittest import mock
+
+    from vllm.config import (
+        CompilationConfig,
+        CompilationMode,
+        CUDAGraphMode,
+        DeviceConfig,
+        LoadConfig,
+        ModelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.model_executor.model_loader import get_model_loader
+
+    import mxfuse
+
+    model_dir = root / name
+    model_dir.mkdir()
+    quant = {"quant_method": "mxfp8", "ignored_layers": ["lm_head"]}
+    (model_dir / "config.json").write_text(
+        json.dumps({**hf_config, "torch_dtype": "bfloat16", "quantization_config": quant})
+    )
+    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256)
+    compilation = CompilationConfig(
+        mode=CompilationMode.VLLM_COMPILE,
+        inductor_passes={"post_grad_custom_post_pass": "mxfuse.vllm_pass"},
+        cudagraph_mode=CUDAGraphMode.NONE,
+        compile_sizes=[],
+    )
+    config = VllmConfig(
+        model_config=model_config,
+        device_config=DeviceConfig(device="cpu"),
+        compilation_config=compilation,
+        load_config=LoadConfig(load_format="dummy"),
+    )
+    resolved = config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"]
+    assert resolved is mxfuse.vllm_pass  # the string resolved to mxfuse's own InductorPass
+    record = Record()
+    config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"] = _recorder(resolved, record)
+    torch._dynamo.reset()
+    with contextlib.ExitStack() as stack:
+        for module in attention_modules:
+            model_module = importlib.import_module(f"vllm.model_executor.models.{module}")
+            stack.enter_context(mock.patch.object(model_module, "Attention", _StubAttention))
+        stack.enter_context(set_current_vllm_config(config))
+        model = get_model_loader(config.load_config).load_model(config, model_config)
+        input_ids = torch.randint(0, hf_config["vocab_size"], (TOKENS,))
+        with torch.inference_mode(), pytest.raises(_PiecesNotRun):
+            model(input_ids, torch.arange(TOKENS))
+    return record
+
+
+def tiny(architecture: str, model_type: str, **extra) -> dict:
+    """A two-layer HF config: hidden 128, two query heads of 64, one KV head, vocab 256."""
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": 256,
+        "hidden_size": HIDDEN,
+        "intermediate_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 256,
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    attention_modules: tuple[str, ...]  # vllm.model_executor.models.* whose `Attention` the stub replaces
+    hf_config: dict
+    sites: int  # Gemma-norm -> MXFP8-quant sites in the compiled graphs (two layers)
+    why_sites: str
+
+
+PER_LAYER_2 = "per layer: input_layernorm -> qkv_proj, the pre-MLP norm -> gate_up_proj"
+CASES = [
+    Case("gemma", ("gemma",), tiny("GemmaForCausalLM", "gemma"), 4, PER_LAYER_2),
+    Case("gemma2", ("gemma2",), tiny("Gemma2ForCausalLM", "gemma2", sliding_window=64), 4, PER_LAYER_2),
+    Case("gemma3", ("gemma3",), tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
+    Case("rnj1", ("rnj1",), tiny("Rnj1ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_gemma_norm_quant_site_fuses_in_vllm_compile(vllm_cpu, case):
+    record = compile_model(vllm_cpu, case.name, case.hf_config, case.attention_modules)
+    described = [s.describe() for s in record.sites]
+    assert record.graphs >= 2, record  # piecewise: vLLM split at its attention op
+    assert len(record.sites) == case.sites, (case.why_sites, described)
+    assert record.fused == len(record.sites), (described, record.matched, record.skipped)
