@@ -21,6 +21,8 @@ Replaced in the fixture, because they cannot run without CUDA (nothing else is):
 - `FixFunctionalizationPass`, the last step of vLLM's PostGradPassManager, needs vLLM's CUDA
   extension (`torch.ops._C.rotary_embedding`); mxfuse has run before it. The stub ends the
   piece's Inductor compile there, and the piece is not run (no CPU MXFP8 GEMM either).
+- `current_platform.current_device`: None on vLLM's `UnspecifiedPlatform` (what vLLM's CUDA wheel
+  detects without a GPU); Qwen's gated-delta-net layer asks it where to put its gated norm: CPU.
 """
 
 from __future__ import annotations
@@ -97,15 +99,17 @@ def _source(node) -> tuple[fx.Node, list[str]]:
 
 @dataclass
 class Site:
-    """One MXFP8 quant whose input is a Gemma RMSNorm output, seen before mxfuse ran."""
+    """One MXFP8 quant whose input is a vLLM IR RMSNorm output, seen before mxfuse ran."""
 
     norm: str  # rms_norm | fused_add_rms_norm
+    gemma: bool  # the norm's weight is `w.float() + 1` (vLLM's GemmaRMSNorm); else a plain RMSNorm
     quant: str
     chain: list[str]  # the nodes between the norm and the quant, norm side first
     quant_args: tuple
 
     def describe(self) -> str:
-        return f"{self.norm} -> {' -> '.join(self.chain) or '(direct)'} -> {self.quant}{self.quant_args}"
+        norm = f"{self.norm}({'gemma' if self.gemma else 'plain weight'})"
+        return f"{norm} -> {' -> '.join(self.chain) or '(direct)'} -> {self.quant}{self.quant_args}"
 
 
 def norm_quant_sites(graph: fx.Graph) -> list[Site]:
@@ -121,9 +125,8 @@ def norm_quant_sites(graph: fx.Graph) -> list[Site]:
                 if producer.target is torch.ops.vllm_ir.fused_add_rms_norm.default
                 else producer.args[1]
             )
-            if _is_gemma_weight(weight):
-                args = tuple(a for a in node.args[1:]) + tuple(f"{k}={v}" for k, v in node.kwargs.items())
-                sites.append(Site(norms[producer.target], quants[node.target], chain, args))
+            args = tuple(node.args[1:]) + tuple(f"{k}={v}" for k, v in node.kwargs.items())
+            sites.append(Site(norms[producer.target], _is_gemma_weight(weight), quants[node.target], chain, args))
     return sites
 
 
@@ -163,6 +166,8 @@ def _recorder(inner, record: Record):
 
         def __call__(self, graph: fx.Graph) -> None:
             record.graphs += 1
+            if os.environ.get("DBG"):
+                print(graph)
             record.sites += norm_quant_sites(graph)
             inner(graph)
             record.fused += fused_sites(graph)
@@ -241,6 +246,7 @@ def vllm_cpu(tmp_path_factory):
             linear_kernels._POSSIBLE_MXFP8_KERNELS, {current_platform._enum: [FlashInferCutedslMxfp8LinearKernel]}
         ),
         mock.patch.object(FixFunctionalizationPass, "__call__", stop),
+        mock.patch.object(current_platform, "current_device", lambda: torch.device("cpu")),
         mock.patch.object(backends.CompilerManager, "compile", compile_until_post_grad_done),
     ):
         port = 29500 + os.getpid() % 1000
@@ -254,7 +260,7 @@ def vllm_cpu(tmp_path_factory):
             parallel_state.destroy_distributed_environment()
 
 
-def compile_model(root, name: str, hf_config: dict, attention_modules: tuple[str, ...]) -> Record:
+def compile_model(root, case: Case) -> Record:
     """Load `hf_config` through vLLM's loader (dummy weights), run one forward under VLLM_COMPILE."""
     import importlib
     from unittest import mock
@@ -273,11 +279,11 @@ def compile_model(root, name: str, hf_config: dict, attention_modules: tuple[str
 
     import mxfuse
 
-    model_dir = root / name
+    model_dir = root / case.name
     model_dir.mkdir()
-    quant = {"quant_method": "mxfp8", "ignored_layers": ["lm_head"]}
+    quant = {"quant_method": "mxfp8", "ignored_layers": ["lm_head", *case.unquantized]}
     (model_dir / "config.json").write_text(
-        json.dumps({**hf_config, "torch_dtype": "bfloat16", "quantization_config": quant})
+        json.dumps({**case.hf_config, "torch_dtype": "bfloat16", "quantization_config": quant})
     )
     model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256)
     compilation = CompilationConfig(
@@ -298,14 +304,17 @@ def compile_model(root, name: str, hf_config: dict, attention_modules: tuple[str
     config.compilation_config.inductor_compile_config["post_grad_custom_post_pass"] = _recorder(resolved, record)
     torch._dynamo.reset()
     with contextlib.ExitStack() as stack:
-        for module in attention_modules:
+        for module in case.attention_modules:
             model_module = importlib.import_module(f"vllm.model_executor.models.{module}")
             stack.enter_context(mock.patch.object(model_module, "Attention", _StubAttention))
         stack.enter_context(set_current_vllm_config(config))
         model = get_model_loader(config.load_config).load_model(config, model_config)
-        input_ids = torch.randint(0, hf_config["vocab_size"], (TOKENS,))
+        input_ids = torch.randint(0, case.hf_config["vocab_size"], (TOKENS,))
+        positions = torch.arange(TOKENS)
+        if model_config.uses_mrope:
+            positions = positions.expand(3, TOKENS)
         with torch.inference_mode(), pytest.raises(_PiecesNotRun):
-            model(input_ids, torch.arange(TOKENS))
+            model(input_ids, positions)
     return record
 
 
@@ -333,6 +342,7 @@ class Case:
     hf_config: dict
     sites: int  # Gemma-norm -> MXFP8-quant sites in the compiled graphs (two layers)
     why_sites: str
+    unquantized: tuple[str, ...] = ()  # ModelOpt `ignored_layers` besides lm_head, and why in CASES
 
 
 PER_LAYER_2 = "per layer: input_layernorm -> qkv_proj, the pre-MLP norm -> gate_up_proj"
@@ -340,14 +350,80 @@ CASES = [
     Case("gemma", ("gemma",), tiny("GemmaForCausalLM", "gemma"), 4, PER_LAYER_2),
     Case("gemma2", ("gemma2",), tiny("Gemma2ForCausalLM", "gemma2", sliding_window=64), 4, PER_LAYER_2),
     Case("gemma3", ("gemma3",), tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
+    Case(
+        "qwen3_next",
+        ("qwen3_next",),
+        tiny(
+            "Qwen3NextForCausalLM",
+            "qwen3_next",
+            layer_types=["linear_attention", "full_attention"],
+            mlp_only_layers=[0],  # vLLM's Qwen3NextForCausalLM needs one MoE layer
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=HIDDEN,
+            shared_expert_intermediate_size=HIDDEN,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+        ),
+        3,
+        "layer 0 (gated delta net, dense MLP): input_layernorm -> in_proj_qkvz, post_attention_layernorm -> gate_up;"
+        " layer 1 (attention, MoE): input_layernorm -> qkv_proj; its post_attention_layernorm feeds"
+        " vllm.moe_forward_shared, whose quant is inside the op (not a site)",
+        # in_proj_ba has N = 2 * linear_num_value_heads (64 in Qwen3-Next-80B): below the N >= 128 of
+        # the CuTe-DSL/CUTLASS MXFP8 kernels, so on Blackwell vLLM gives it Marlin W8A16 (bf16 input)
+        unquantized=("*in_proj_ba",),
+    ),
+    Case(
+        "qwen3_5",
+        ("qwen3_next",),  # Qwen3.5's attention is Qwen3-Next's class
+        tiny(
+            "Qwen3_5ForCausalLM",
+            "qwen3_5_text",
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+        ),
+        4,
+        "layer 0 (gated delta net): input_layernorm -> in_proj_qkvz, post_attention_layernorm -> gate_up;"
+        " layer 1 (attention): input_layernorm -> qkv_proj, post_attention_layernorm -> gate_up",
+        unquantized=("*in_proj_ba", "*in_proj_a", "*in_proj_b"),  # N = linear_num_value_heads (as Qwen3-Next)
+    ),
+    Case(
+        "step3p5",
+        ("step3p5",),
+        tiny(
+            "Step3p5ForCausalLM",
+            "step3p5",
+            layer_types=["full_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"],  # vLLM's Step3p5ForCausalLM needs one MoE layer
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=HIDDEN,
+            share_expert_dim=HIDDEN,
+            use_moe_router_bias=True,  # fields vLLM's Step-3.5 MoE block reads (remote-code config names)
+            need_fp32_gate=True,
+            norm_expert_weight=True,
+        ),
+        3,
+        "layer 0: input_layernorm -> qkv_proj, post_attention_layernorm (a plain rms_norm after the model's own"
+        " residual add) -> gate_up; layer 1: input_layernorm -> qkv_proj; its post_attention_layernorm feeds"
+        " vllm.moe_forward_shared (quant inside the op, not a site)",
+    ),
     Case("rnj1", ("rnj1",), tiny("Rnj1ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_gemma_norm_quant_site_fuses_in_vllm_compile(vllm_cpu, case):
-    record = compile_model(vllm_cpu, case.name, case.hf_config, case.attention_modules)
+    record = compile_model(vllm_cpu, case)
     described = [s.describe() for s in record.sites]
     assert record.graphs >= 2, record  # piecewise: vLLM split at its attention op
+    assert all(s.gemma for s in record.sites), described  # no plain-weight RMSNorm feeds an MXFP8 quant
     assert len(record.sites) == case.sites, (case.why_sites, described)
     assert record.fused == len(record.sites), (described, record.matched, record.skipped)
