@@ -21,6 +21,9 @@ Replaced in the fixture, because they cannot run without CUDA (nothing else is):
 - `FixFunctionalizationPass`, the last step of vLLM's PostGradPassManager, needs vLLM's CUDA
   extension (`torch.ops._C.rotary_embedding`); mxfuse has run before it. The stub ends the
   piece's Inductor compile there, and the piece is not run (no CPU MXFP8 GEMM either).
+- Only in the TRT-LLM case: that kernel's `process_weights_after_loading` shuffles the weight and
+  its scales with FlashInfer ops that need a CUDA device; a stub pads them to the same shapes
+  (`[pad(N, 128), K]`, flat scales) unshuffled. Its `apply_weights` (the activation quant) runs as is.
 - `current_platform.current_device`: None on vLLM's `UnspecifiedPlatform` (what vLLM's CUDA wheel
   detects without a GPU); Qwen's gated-delta-net layer asks it where to put its gated norm: CPU.
 """
@@ -181,6 +184,21 @@ def _recorder(inner, record: Record):
     return RecordingPass()
 
 
+def _trtllm_weights_unshuffled(self, layer) -> None:
+    """TRT-LLM's weight prep with its shapes, without FlashInfer's CUDA-only shuffles (values unused here)."""
+    from vllm.model_executor.utils import replace_parameter
+
+    n, k = layer.weight.shape
+    padded_n = (n + 127) // 128 * 128
+    weight = layer.weight.data.new_zeros(padded_n, k)
+    weight[:n] = layer.weight.data
+    scale = layer.weight_scale.data.new_zeros(padded_n, k // 32)
+    scale[:n] = layer.weight_scale.data[:n, : k // 32]
+    replace_parameter(layer, "weight", weight)
+    replace_parameter(layer, "weight_scale", scale.reshape(-1))
+    layer._mxfp8_trtllm_output_size = n
+
+
 class _StubAttention(torch.nn.Module):
     """vLLM's `Attention` constructor, then vLLM's splitting op with the real shapes."""
 
@@ -213,8 +231,6 @@ def vllm_cpu(tmp_path_factory):
     from vllm.compilation.passes.utility.fix_functionalization import FixFunctionalizationPass
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
-    from vllm.model_executor.kernels import linear as linear_kernels
-    from vllm.model_executor.kernels.linear.mxfp8.flashinfer import FlashInferCutedslMxfp8LinearKernel
     from vllm.platforms import current_platform
 
     import mxfuse  # noqa: F401
@@ -239,12 +255,6 @@ def vllm_cpu(tmp_path_factory):
 
     with (
         mock.patch.dict(os.environ, {"VLLM_DISABLE_COMPILE_CACHE": "1", "HF_HUB_OFFLINE": "1"}),
-        mock.patch.object(
-            FlashInferCutedslMxfp8LinearKernel, "is_supported", classmethod(lambda c, cc=None: (True, None))
-        ),
-        mock.patch.dict(
-            linear_kernels._POSSIBLE_MXFP8_KERNELS, {current_platform._enum: [FlashInferCutedslMxfp8LinearKernel]}
-        ),
         mock.patch.object(FixFunctionalizationPass, "__call__", stop),
         mock.patch.object(current_platform, "current_device", lambda: torch.device("cpu")),
         mock.patch.object(backends.CompilerManager, "compile", compile_until_post_grad_done),
@@ -275,9 +285,14 @@ def compile_model(root, case: Case) -> Record:
         VllmConfig,
         set_current_vllm_config,
     )
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.mxfp8 import flashinfer as flashinfer_kernels
     from vllm.model_executor.model_loader import get_model_loader
+    from vllm.platforms import current_platform
 
     import mxfuse
+
+    kernel = getattr(flashinfer_kernels, case.kernel)
 
     model_dir = root / case.name
     model_dir.mkdir()
@@ -307,6 +322,10 @@ def compile_model(root, case: Case) -> Record:
         for module in case.attention_modules:
             model_module = importlib.import_module(f"vllm.model_executor.models.{module}")
             stack.enter_context(mock.patch.object(model_module, "Attention", _StubAttention))
+        stack.enter_context(mock.patch.object(kernel, "is_supported", classmethod(lambda c, cc=None: (True, None))))
+        stack.enter_context(mock.patch.dict(linear_kernels._POSSIBLE_MXFP8_KERNELS, {current_platform._enum: [kernel]}))
+        if case.kernel == "FlashInferTrtllmMxfp8LinearKernel":
+            stack.enter_context(mock.patch.object(kernel, "process_weights_after_loading", _trtllm_weights_unshuffled))
         stack.enter_context(set_current_vllm_config(config))
         model = get_model_loader(config.load_config).load_model(config, model_config)
         input_ids = torch.randint(0, case.hf_config["vocab_size"], (TOKENS,))
@@ -343,6 +362,7 @@ class Case:
     sites: int  # Gemma-norm -> MXFP8-quant sites in the compiled graphs (two layers)
     why_sites: str
     unquantized: tuple[str, ...] = ()  # ModelOpt `ignored_layers` besides lm_head, and why in CASES
+    kernel: str = "FlashInferCutedslMxfp8LinearKernel"  # the MXFP8 linear kernel declared supported
 
 
 PER_LAYER_2 = "per layer: input_layernorm -> qkv_proj, the pre-MLP norm -> gate_up_proj"
@@ -419,7 +439,32 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+TRTLLM_8X4 = Case(
+    "gemma3_trtllm",
+    ("gemma3",),
+    # TRT-LLM's MXFP8 linear needs K % 256 == 0 in every projection
+    tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64, hidden_size=256, intermediate_size=256, head_dim=128),
+    4,
+    PER_LAYER_2 + ", each quantized by vllm.flashinfer_mxfp8_quantize_8x4 (8x4-swizzled flat scales)",
+    kernel="FlashInferTrtllmMxfp8LinearKernel",
+)
+NOT_RECOGNIZED_8X4 = (
+    "mxfuse has no recognizer for vllm.flashinfer_mxfp8_quantize_8x4 (vLLM's TRT-LLM MXFP8 linear,"
+    " selected with KernelConfig.linear_backend='flashinfer_trtllm'): its scales are 8x4-swizzled"
+    " (mxfuse/ops/layout_8x4.py); the sites are found but none fuses"
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        *CASES,
+        pytest.param(
+            TRTLLM_8X4, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_RECOGNIZED_8X4)
+        ),
+    ],
+    ids=lambda c: c.name,
+)
 def test_every_gemma_norm_quant_site_fuses_in_vllm_compile(vllm_cpu, case):
     record = compile_model(vllm_cpu, case)
     described = [s.describe() for s in record.sites]
