@@ -109,9 +109,10 @@ class Site:
     quant: str
     chain: list[str]  # the nodes between the norm and the quant, norm side first
     quant_args: tuple
+    norm_shape: tuple  # the shape of the norm's output (symbolic sizes as strings)
 
     def describe(self) -> str:
-        norm = f"{self.norm}({'gemma' if self.gemma else 'plain weight'})"
+        norm = f"{self.norm}({'gemma' if self.gemma else 'plain weight'}) -> {list(self.norm_shape)}"
         return f"{norm} -> {' -> '.join(self.chain) or '(direct)'} -> {self.quant}{self.quant_args}"
 
 
@@ -129,7 +130,11 @@ def norm_quant_sites(graph: fx.Graph) -> list[Site]:
                 else producer.args[1]
             )
             args = tuple(node.args[1:]) + tuple(f"{k}={v}" for k, v in node.kwargs.items())
-            sites.append(Site(norms[producer.target], _is_gemma_weight(weight), quants[node.target], chain, args))
+            val = producer.meta.get("val")
+            shape = tuple(str(d) for d in (val[0] if isinstance(val, (tuple, list)) else val).shape)
+            sites.append(
+                Site(norms[producer.target], _is_gemma_weight(weight), quants[node.target], chain, args, shape)
+            )
     return sites
 
 
@@ -300,7 +305,9 @@ def compile_model(root, case: Case) -> Record:
     (model_dir / "config.json").write_text(
         json.dumps({**case.hf_config, "torch_dtype": "bfloat16", "quantization_config": quant})
     )
-    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256)
+    model_config = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256, model_impl=case.model_impl
+    )
     compilation = CompilationConfig(
         mode=CompilationMode.VLLM_COMPILE,
         inductor_passes={"post_grad_custom_post_pass": "mxfuse.vllm_pass"},
@@ -363,6 +370,7 @@ class Case:
     why_sites: str
     unquantized: tuple[str, ...] = ()  # ModelOpt `ignored_layers` besides lm_head, and why in CASES
     kernel: str = "FlashInferCutedslMxfp8LinearKernel"  # the MXFP8 linear kernel declared supported
+    model_impl: str = "auto"  # "transformers": vLLM's Transformers modeling backend on the HF model code
 
 
 PER_LAYER_2 = "per layer: input_layernorm -> qkv_proj, the pre-MLP norm -> gate_up_proj"
@@ -439,6 +447,20 @@ CASES = [
 ]
 
 
+TRANSFORMERS_BACKEND = Case(
+    "gemma3_transformers_backend",
+    ("transformers.base",),
+    tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64),
+    4,
+    "per layer: input_layernorm -> q/k/v (one QKVParallelLinear), pre_feedforward_layernorm -> gate_up;"
+    " plain norms (the HF code adds the residual itself)",
+    model_impl="transformers",
+)
+VIEW_BETWEEN = (
+    "vLLM's Transformers backend keeps the HF activations 3-D: every site is vllm_ir.rms_norm(x [1, T, K],"
+    " w.float() + 1, eps) -> aten.reshape.default(y, [-1, K]) -> vllm.mxfp8_quantize(., True); mxfuse skips"
+    " the norm ('no MXFP8 quant reads its output'): it does not see through the reshape (issue 14, point 1)"
+)
 TRTLLM_8X4 = Case(
     "gemma3_trtllm",
     ("gemma3",),
