@@ -26,6 +26,10 @@ Replaced in the fixture, because they cannot run without CUDA (nothing else is):
   (`[pad(N, 128), K]`, flat scales) unshuffled. Its `apply_weights` (the activation quant) runs as is.
 - `current_platform.current_device`: None on vLLM's `UnspecifiedPlatform` (what vLLM's CUDA wheel
   detects without a GPU); Qwen's gated-delta-net layer asks it where to put its gated norm: CPU.
+
+Two cases are expected not to fuse yet (xfail, strict): vLLM's Transformers backend (a reshape
+between norm and quant) and vLLM's TRT-LLM MXFP8 linear (the 8x4 quant spelling). Their reasons
+name the exact graph shape; docs/applicability.md has the table these cases produce.
 """
 
 from __future__ import annotations
@@ -481,6 +485,9 @@ NOT_RECOGNIZED_8X4 = (
     "case",
     [
         *CASES,
+        pytest.param(
+            TRANSFORMERS_BACKEND, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=VIEW_BETWEEN)
+        ),
         pytest.param(
             TRTLLM_8X4, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_RECOGNIZED_8X4)
         ),
