@@ -1,6 +1,6 @@
 """vLLM 0.33's own compile pipeline on CPU, on vLLM's own model classes, with mxfuse as its post-grad pass.
 
-Each case builds a tiny model (two layers, random weights from vLLM's dummy loader) through
+Each case builds a tiny model (one or two layers, random weights from vLLM's dummy loader) through
 vLLM's model loader with the ModelOpt MXFP8 config (`quant_method: "mxfp8"`, the MiniMax-style
 checkpoint tag), and compiles it in `CompilationMode.VLLM_COMPILE` with
 `inductor_passes={"post_grad_custom_post_pass": "mxfuse.vllm_pass"}`: Dynamo, vLLM's piecewise
@@ -349,7 +349,7 @@ def compile_model(root, case: Case) -> Record:
 
 
 def tiny(architecture: str, model_type: str, **extra) -> dict:
-    """A two-layer HF config: hidden 128, two query heads of 64, one KV head, vocab 256."""
+    """A two-layer HF config (unless `extra` says otherwise): hidden 128, two query heads of 64, one KV head, vocab 256."""
     return {
         "architectures": [architecture],
         "model_type": model_type,
@@ -379,8 +379,16 @@ class Case:
 
 PER_LAYER_2 = "per layer: input_layernorm -> qkv_proj, the pre-MLP norm -> gate_up_proj"
 CASES = [
-    Case("gemma", ("gemma",), tiny("GemmaForCausalLM", "gemma"), 4, PER_LAYER_2),
-    Case("gemma2", ("gemma2",), tiny("Gemma2ForCausalLM", "gemma2", sliding_window=64), 4, PER_LAYER_2),
+    # one layer where the family's two norm forms already meet a quant in it (plain input norm, fused-add
+    # pre-MLP norm); Gemma 3 keeps two, so a fused-add input norm reads a residual from the previous piece
+    Case("gemma", ("gemma",), tiny("GemmaForCausalLM", "gemma", num_hidden_layers=1), 2, PER_LAYER_2),
+    Case(
+        "gemma2",
+        ("gemma2",),
+        tiny("Gemma2ForCausalLM", "gemma2", sliding_window=64, num_hidden_layers=1),
+        2,
+        PER_LAYER_2,
+    ),
     Case("gemma3", ("gemma3",), tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
     Case(
         "qwen3_next",
@@ -447,15 +455,21 @@ CASES = [
         " residual add) -> gate_up; layer 1: input_layernorm -> qkv_proj; its post_attention_layernorm feeds"
         " vllm.moe_forward_shared (quant inside the op, not a site)",
     ),
-    Case("rnj1", ("rnj1",), tiny("Rnj1ForCausalLM", "gemma3_text", sliding_window=64), 4, PER_LAYER_2),
+    Case(
+        "rnj1",
+        ("rnj1",),
+        tiny("Rnj1ForCausalLM", "gemma3_text", sliding_window=64, num_hidden_layers=1),
+        2,
+        PER_LAYER_2,
+    ),
 ]
 
 
 TRANSFORMERS_BACKEND = Case(
     "gemma3_transformers_backend",
     ("transformers.base",),
-    tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64),
-    4,
+    tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64, num_hidden_layers=1),
+    2,
     "per layer: input_layernorm -> q/k/v (one QKVParallelLinear), pre_feedforward_layernorm -> gate_up;"
     " plain norms (the HF code adds the residual itself)",
     model_impl="transformers",
@@ -469,8 +483,16 @@ TRTLLM_8X4 = Case(
     "gemma3_trtllm",
     ("gemma3",),
     # TRT-LLM's MXFP8 linear needs K % 256 == 0 in every projection
-    tiny("Gemma3ForCausalLM", "gemma3_text", sliding_window=64, hidden_size=256, intermediate_size=256, head_dim=128),
-    4,
+    tiny(
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        sliding_window=64,
+        hidden_size=256,
+        intermediate_size=256,
+        head_dim=128,
+        num_hidden_layers=1,
+    ),
+    2,
     PER_LAYER_2 + ", each quantized by vllm.flashinfer_mxfp8_quantize_8x4 (8x4-swizzled flat scales)",
     kernel="FlashInferTrtllmMxfp8LinearKernel",
 )
