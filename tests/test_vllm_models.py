@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from spawn_helpers import free_port
 from torch import fx
 
 pytestmark = pytest.mark.vllm
@@ -268,7 +269,7 @@ def vllm_cpu(tmp_path_factory):
         mock.patch.object(current_platform, "current_device", lambda: torch.device("cpu")),
         mock.patch.object(backends.CompilerManager, "compile", compile_until_post_grad_done),
     ):
-        port = 29500 + os.getpid() % 1000
+        port = free_port()
         with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
             parallel_state.init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
             parallel_state.initialize_model_parallel(1)
