@@ -166,6 +166,7 @@ class _StopAfterPostGradPasses(BaseException):
 class Record:
     sites: list[Site] = field(default_factory=list)
     fused: int = 0
+    left: int = 0  # sites the detector still finds after mxfuse ran
     graphs: int = 0
     matched: Counter = field(default_factory=Counter)
     skipped: list = field(default_factory=list)
@@ -184,6 +185,7 @@ def _recorder(inner, record: Record):
             record.sites += norm_quant_sites(graph)
             inner(graph)
             record.fused += fused_sites(graph)
+            record.left += len(norm_quant_sites(graph))
             report = inner.last_report
             record.matched.update({str(k): v for k, v in report.matched.items()})
             record.skipped += [str(s) for s in report.skipped]
@@ -524,3 +526,4 @@ def test_every_gemma_norm_quant_site_fuses_in_vllm_compile(vllm_cpu, case):
     assert all(s.gemma for s in record.sites), described  # no plain-weight RMSNorm feeds an MXFP8 quant
     assert len(record.sites) == case.sites, (case.why_sites, described)
     assert record.fused == len(record.sites), (described, record.matched, record.skipped)
+    assert record.left == 0, described
