@@ -71,11 +71,11 @@ def test_bad_input_is_named():
 @pytest.mark.parametrize("m,k", SHAPES)
 def test_size_and_dtypes_match_vllms_fake_impl(m, k):
     pytest.importorskip("vllm")
-    import vllm.utils.flashinfer  # noqa: F401  (registers vllm.flashinfer_mxfp8_quantize_8x4 where FlashInfer is usable)
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from vllm_flashinfer import register_vllm_flashinfer_ops
 
-    if not hasattr(torch.ops.vllm, "flashinfer_mxfp8_quantize_8x4"):
-        pytest.skip("vLLM registers flashinfer_mxfp8_quantize_8x4 only where has_flashinfer()")
+    if not register_vllm_flashinfer_ops():
+        pytest.skip("vLLM did not register its FlashInfer ops (tests/vllm_flashinfer.py)")
     with FakeTensorMode():
         codes, scales = torch.ops.vllm.flashinfer_mxfp8_quantize_8x4(torch.empty(m, k, dtype=torch.bfloat16))
     assert (tuple(codes.shape), codes.dtype) == ((m, k), torch.float8_e4m3fn)

@@ -24,6 +24,10 @@ Replaced in the fixture, because they cannot run without CUDA (nothing else is):
 - Only in the TRT-LLM case: that kernel's `process_weights_after_loading` shuffles the weight and
   its scales with FlashInfer ops that need a CUDA device; a stub pads them to the same shapes
   (`[pad(N, 128), K]`, flat scales) unshuffled. Its `apply_weights` (the activation quant) runs as is.
+- FlashInfer's availability probe: vLLM registers `vllm.mm_mxfp8` and
+  `vllm.flashinfer_mxfp8_quantize_8x4` only where FlashInfer could build its kernels (nvcc or
+  flashinfer-cubin); tests/vllm_flashinfer.py sets vLLM's own override so their schemas and fake
+  impls exist (traced, never run).
 - `current_platform.current_device`: None on vLLM's `UnspecifiedPlatform` (what vLLM's CUDA wheel
   detects without a GPU); Qwen's gated-delta-net layer asks it where to put its gated norm: CPU.
 
@@ -45,6 +49,7 @@ import pytest
 import torch
 from spawn_helpers import free_port
 from torch import fx
+from vllm_flashinfer import register_vllm_flashinfer_ops
 
 pytestmark = pytest.mark.vllm
 
@@ -247,8 +252,8 @@ def vllm_cpu(tmp_path_factory):
 
     import mxfuse  # noqa: F401
 
-    if not hasattr(torch.ops.vllm, "mm_mxfp8"):
-        pytest.skip("vLLM registers vllm.mm_mxfp8 only where FlashInfer's kernels are usable (has_flashinfer())")
+    if not register_vllm_flashinfer_ops():
+        pytest.skip("vLLM did not register vllm.mm_mxfp8 (tests/vllm_flashinfer.py)")
 
     original_compile = backends.CompilerManager.compile
 
