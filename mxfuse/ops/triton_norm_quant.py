@@ -204,13 +204,17 @@ def _finish_owned(
     CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, RULE: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
-    y = ((s * rstd[:, None]) * w).to(dtype)
+    yf = (s * rstd[:, None]) * w
+    y = yf.to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
     offs = rows[:, None] * K + cols[None, :]
     if QUANT:
         if EMIT_Y:
             tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS, RULE)
+        if QUANT_OPS == 2 and dtype == tl.bfloat16 and not EMIT_Y:
+            codes, sb = _mx_quant_tile(_round_bf16_pairs(yf), BM, CH, QUANT_OPS, RULE)
+        else:
+            codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS, RULE)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
         # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
@@ -224,6 +228,16 @@ def _finish_owned(
         _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _round_bf16_pairs(v):
+    """fp32 -> bf16 (round to nearest even) -> fp32, two values per `cvt.rn.bf16x2.f32`
+    (the same rounding as `.to(bfloat16).to(float32)`, which converts one value per F2F)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $3, $2; shl.b32 $0, p, 16; and.b32 $1, p, 0xffff0000; }",
+        "=r,=r,r,r", [v], dtype=tl.float32, is_pure=True, pack=2,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -433,10 +447,7 @@ def _norm_kernel(
     """
     pid = tl.program_id(0)
     part = tl.program_id(1)
-    if PAD_FILL:
-        m_store = M  # scale rows the norm tiles store; the pad programs store the rest
-    else:
-        m_store = M_grid
+    m_store = M if PAD_FILL else M_grid  # scale rows the norm tiles store (PAD_FILL: pad programs the rest)
     if PERSISTENT:
         for t in range(pid, n_tiles, tl.num_programs(0)):
             _norm_tile(t, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, m_store, K, stride_x, stride_r,
@@ -534,7 +545,9 @@ class NormConfig(NamedTuple):
     - tree: "pairwise" (the layout-free tree of `_pairwise_sum`) or "native" (`tl.sum`).
     - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx.f32`).
     - quant_ops: "hw" (maxNum skips NaN, the satfinite cast saturates Inf) or "explicit"
-      (`where` + clamp: same bits, 2 instructions more per element).
+      (`where` + clamp: same bits, 2 instructions more per element); "hw-bf16x2": "hw" with
+      the bf16 rounding of y before the quant done two values per `cvt.rn.bf16x2.f32`
+      (bf16 without emit_y; the quant kernel treats it as "hw").
     - scale_store: "in_place" (inline `st.global.u8` from the reduction's layout) or
       "tl_store" (through Triton's coalescing: a shared-memory round trip per chunk).
     - evict_first: evict_first hint on the x / residual loads (streamed once).
@@ -571,7 +584,7 @@ class QuantConfig(NamedTuple):
 
 _TREES = {"pairwise": 0, "native": 1}
 _RSQRTS = {"rn": 0, "approx": 1}
-_QUANT_OPS = {"hw": 0, "explicit": 1}
+_QUANT_OPS = {"hw": 0, "explicit": 1, "hw-bf16x2": 2}
 _SCALE_STORES = {"in_place": 0, "tl_store": 1}
 _SCALE_PADDINGS = {"norm": 0, "fill": 1}
 PAD_ROWS = 32  # padding rows per zero-fill program (swizzled scales, scale_padding="fill")
@@ -611,16 +624,18 @@ def norm_config(k: int, m: int | None = None, swizzled: bool = False) -> NormCon
     layout) only choose how many programs share a row and a cache hint, which do not
     change a bit (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
     (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
-    4 for K = 3072); a split row wins at M <= 16 with row-major scales (with swizzled
-    scales the 128-row padding already runs 128 programs, and splitting them lost);
-    evict_first wins from 64 to 1024 rows and loses at 4096 and above.
+    4 for K = 3072); a split row wins at M <= 16 (with swizzled scales it lost while the
+    128-row padding ran the norm: 384 programs at M = 1; the padding is now zero-filled by
+    a few store-only programs); evict_first wins from 64 to 1024 rows and loses at 4096
+    and above.
     """
     block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
     if m is None:
         return NormConfig(block_rows=bm, num_warps=nw)
-    split = _chunks(k)[1] if (m <= SPLIT_MAX_ROWS and not swizzled) else 1
+    del swizzled  # with scale_padding="fill" the padding rows no longer run the norm: the same choice
+    split = _chunks(k)[1] if m <= SPLIT_MAX_ROWS else 1
     evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
     return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
 
@@ -660,6 +675,7 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "native-evict": NormConfig(evict_first=True),
         "native-persist": NormConfig(persistent=1),
         "native-padnorm": NormConfig(scale_padding="norm"),
+        "native-bf16x2": NormConfig(quant_ops="hw-bf16x2"),
         "native-split-padnorm": NormConfig(split=2, scale_padding="norm"),
     }
 )
