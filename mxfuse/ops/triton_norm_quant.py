@@ -603,11 +603,12 @@ def _code(table: dict, field: str, value) -> int:
     return table[value]
 
 
-# Launch choices by M, from the H200 sweep of 2026-12-01 (docs/perf_notes.md, run 5): up to
+# Launch choices by M, from the H200 sweeps of 2026-12-01 (docs/perf_notes.md, runs 5 and 6): up to
 # SPLIT_MAX_ROWS rows (row-major scales only) a row is split over one program per chunk; up
 # to EVICT_FIRST_MAX_ROWS rows the x / residual loads carry evict_first. Same bits.
 SPLIT_MAX_ROWS = 16
 EVICT_FIRST_MAX_ROWS = 1024
+TWO_ROWS_MIN_ROWS = 4096  # fused plain norm + quant, K 2049..3072: two rows per tile from here (run 6)
 
 
 def _chunks(k: int) -> tuple[int, int]:
@@ -616,27 +617,32 @@ def _chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def norm_config(k: int, m: int | None = None, swizzled: bool = False) -> NormConfig:
-    """Default config for M rows of K values (M None: the config of the layout alone).
+def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False) -> NormConfig:
+    """Default config for M rows of K values (M None: the config of the layout alone);
+    `plain_quant`: the fused plain norm + quant (no residual).
 
-    The arithmetic (`tree`, `rsqrt`) and the layout of a row (rows per tile, warps) depend
-    on K alone, so the reduction tree is fixed per K (batch invariant); M (and the scale
-    layout) only choose how many programs share a row and a cache hint, which do not
-    change a bit (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
-    (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
-    4 for K = 3072); a split row wins at M <= 16 (with swizzled scales it lost while the
-    128-row padding ran the norm: 384 programs at M = 1; the padding is now zero-filled by
-    a few store-only programs); evict_first wins from 64 to 1024 rows and loses at 4096
-    and above.
+    The arithmetic (`tree`, `rsqrt`) and the layout of a row (warps, the values of a row
+    each thread holds) depend on K alone, so the reduction tree is fixed per K (batch
+    invariant); M only chooses how many programs share a row, how many rows share a
+    program's registers and a cache hint, none of which changes a bit
+    (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
+    (docs/perf_notes.md, runs 5 and 6): ~32 values of the padded row per thread (8 warps
+    for K = 6144, 4 for K = 3072); a split row wins at M <= 16, with either scale layout
+    (swizzled lost while the 128-row padding ran the norm: 384 programs at M = 1; the
+    padding is now zero-filled by a few store-only programs); evict_first wins from 64 to
+    1024 rows and loses at 4096 and above; two rows per tile (the weight loaded and
+    converted once for both) win for the plain fused kernel at K 3072 from 4096 rows
+    (-2..-5%) and lose at K 6144 (8 warps of 98 registers: half the resident programs).
     """
     block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
     if m is None:
         return NormConfig(block_rows=bm, num_warps=nw)
-    del swizzled  # with scale_padding="fill" the padding rows no longer run the norm: the same choice
     split = _chunks(k)[1] if m <= SPLIT_MAX_ROWS else 1
     evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
+    if plain_quant and m >= TWO_ROWS_MIN_ROWS and block_k == 4096 and _chunks(k)[1] <= 3:  # K 2049..3072
+        bm = 2
     return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
 
 
@@ -772,7 +778,7 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     if m_grid == 0:
         return codes, scales, res_out, y
     ch, nch = _chunks(k)
-    cfg = config or norm_config(k, m, bool(quant and swizzled))
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res))
     rule = _rule(rule)
     bm = cfg.block_rows
     split = max(1, cfg.split)
