@@ -503,6 +503,9 @@ def test_variants_bitwise(k, has_res, swizzled):
             try:
                 got, want = _variant_outputs(tnq, cfg, x, r, w, swizzled)
                 compare_all(got, want, f"{name} K={k} M={m} fused vs unfused")
+                # without y (the bf16x2 variant rounds y in registers only then)
+                no_y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, config=cfg)
+                compare_all(no_y[:3], want[:3], f"{name} K={k} M={m} fused (no y) vs unfused")
                 first = by_arith.setdefault((cfg.tree, cfg.rsqrt), (name, got))
                 compare_all(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
                 if m == 37:  # y vs the CPU reference: the bound of test_norm_matches_cpu_reference
@@ -532,3 +535,142 @@ def test_variant_names_are_checked():
     for name, cfg in tnq.VARIANTS.items():
         assert tnq._code(tnq._TREES, "tree", cfg.tree) in (0, 1), name
         assert tnq.variant(name, 6144).num_warps == tnq.norm_config(6144).num_warps
+
+
+# ------------------------------------------------------------------ swizzled padding
+
+
+@gpu_test
+@pytest.mark.parametrize("padding", ["fill", "norm"])
+@pytest.mark.parametrize("m", [1, 37, 128, 130])
+def test_swizzled_padding_is_written_zero(m, padding):
+    """The F8_128x4 padding rows (M .. pad128(M)) hold zero scale bytes even when the
+    buffer was full of garbage: the fill programs (or the padding rows' norm) write them."""
+    if not HAS_CUDA:
+        pytest.skip("the Triton kernels need CUDA")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    k = 160  # S = 5: pad4 makes 3 padding columns too
+    x, r = special_rows(m, k, seed=m)
+    w = gemma_weight(k)
+    mp, sp = (m + 127) // 128 * 128, 8
+    for split in (1, 2):
+        cfg = tnq.variant("native-split" if split > 1 else "native", k)._replace(scale_padding=padding)
+        poison = torch.full((mp, sp), 0xAB, dtype=torch.uint8, device="cuda")
+        del poison  # the caching allocator hands this block to the next allocation of this size
+        _, scales, _, _ = tnq.fused_norm_quant(x, r, w, EPS, swizzled=True, config=cfg)
+        assert scales.shape == (mp, sp)
+        want = reference.swizzle_scales(reference.quantize_rows(tnq.gemma_norm(x, r, w, EPS, config=cfg)[0].cpu())[1])
+        assert_bitwise(scales.cpu(), want, f"M={m} {padding} split={split} scales")
+
+
+# ------------------------------------------------------------------ the TORCHAO quant rule
+
+
+def quant_rule():
+    """`reference.QuantRule` (from the torchao branch's reference impl), or skip."""
+    rule = getattr(reference, "QuantRule", None)
+    if rule is None:
+        pytest.skip("reference.QuantRule is not in this tree (the torchao branch's reference.py)")
+    return rule
+
+
+def rule_blocks(m: int, k: int, dtype, seed: int = 0, device=DEVICE):
+    """Rows whose 32-blocks are of kind (block + row + seed) % 9: random, one NaN, NaN and
+    +-Inf, +-Inf, all zero, tiny (scale byte 0: amax < 2**-119 * 448; fp16 cannot get
+    there), subnormals of the dtype, -0.0, all NaN."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    nb = k // 32
+    v = (torch.randn(m, nb, 32, generator=g) * 4).clone()
+    kind = (torch.arange(nb)[None, :] + torch.arange(m)[:, None] + seed) % 9
+    tiny = torch.finfo(dtype).tiny
+    lane = torch.arange(32)
+    nan, inf = float("nan"), float("inf")
+
+    def put(kd, values):
+        sel = (kind == kd)[:, :, None]
+        v.copy_(torch.where(sel, values, v))
+
+    put(1, torch.where(lane == 3, nan, v))
+    put(2, torch.where(lane == 0, nan, torch.where(lane == 1, inf, torch.where(lane == 2, -inf, v))))
+    put(3, torch.where(lane == 5, inf, torch.where(lane == 6, -inf, v)))
+    put(4, torch.zeros_like(v))
+    put(5, torch.randn(m, nb, 32, generator=g) * (2.0**-125 if dtype == torch.float32 else tiny))
+    put(6, torch.randint(-3, 4, (m, nb, 32), generator=g).float() * tiny / 8)  # subnormal in dtype
+    put(7, torch.full_like(v, -0.0))
+    put(8, torch.full_like(v, nan))
+    return v.reshape(m, k).to(dtype).to(device)
+
+
+def nan_free_bits(codes: torch.Tensor) -> torch.Tensor:
+    """Code bytes with every NaN as 0x7F (which NaN's sign survives a multiply differs
+    between x86 and the GPU; NaN-ness is compared)."""
+    b = u8(codes).clone()
+    b[codes.float().isnan()] = 0x7F
+    return b
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("m,k", [(1, 288), (37, 160), (130, 6144)])
+def test_torchao_rule_quant_matches_cpu_reference(m, k, dtype):
+    """The quant kernel's TORCHAO branch == reference.quantize_rows(x, TORCHAO) on NaN,
+    NaN+Inf, Inf, zero, tiny (scale byte 0: multiplied by 1.0), subnormal, -0 and all-NaN
+    blocks: scales bitwise (255 for NaN blocks), codes bitwise but for NaN signs; and the
+    default rule still differs only where the rules do."""
+    QuantRule = quant_rule()
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    x = rule_blocks(m, k, dtype, seed=m + k)
+    rc, rs = reference.quantize_rows(x.cpu(), QuantRule.TORCHAO)
+    assert (rs == 255).any() and ((rs == 0).any() or dtype == torch.float16)  # both rule-specific cases
+    for swz in (False, True):
+        codes, scales = tnq.quantize(x, swz, rule=QuantRule.TORCHAO)
+        want_s = reference.swizzle_scales(rs) if swz else rs
+        assert_bitwise(scales.cpu(), want_s, f"scales swz={swz}")
+        assert_bitwise(nan_free_bits(codes.cpu()), nan_free_bits(rc), f"codes swz={swz}")
+    _, ds = tnq.quantize(x, False, rule=QuantRule.DEFAULT)
+    assert_bitwise(ds.cpu(), reference.quantize_rows(x.cpu())[1], "default rule scales")
+
+
+@gpu_test
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("has_res", [True, False], ids=["add", "plain"])
+@pytest.mark.parametrize("k", kparams(160, 6144))
+def test_torchao_rule_fused_equals_unfused(k, has_res, swizzled):
+    """Fused norm + quant with the TORCHAO rule == the norm kernel then the quant kernel
+    with the rule, bitwise (NaN codes included: same GPU arithmetic), for the default
+    dispatch and the split / pad variants; and == the CPU reference rule applied to the
+    fused kernel's own y (NaN signs aside)."""
+    QuantRule = quant_rule()
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    w = gemma_weight(k)
+    rule = QuantRule.TORCHAO
+    for m in (1, 37, 300):
+        x, r = special_rows(m, k, seed=3 * k + m)
+        # a few rows scaled into the scale-byte-0 range of the rule (y ~ 2**-125 needs 1 + w tiny:
+        # the weight's first block has 1 + w = 2**-8; rows of kind 2 carry FLT_MIN blocks)
+        r = r if has_res else None
+        for cfg in (None, tnq.variant("native-split", k), tnq.variant("native-padnorm", k)):
+            codes, scales, res, y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, emit_y=True, config=cfg,
+                                                         rule=rule)  # fmt: skip
+            y_n, res_n = tnq.gemma_norm(x, r, w, EPS, config=cfg)
+            uc, us = tnq.quantize(y_n, swizzled, rule=rule)
+            what = f"K={k} M={m} cfg={cfg and tnq.variant_of(cfg, k)}"
+            compare_all((codes, scales, res, y), (uc, us, res_n, y_n), what)
+            no_y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, config=cfg, rule=rule)
+            compare_all(no_y[:3], (uc, us, res_n), what + " no y")
+            rc, rs = reference.quantize_rows(y.cpu(), rule)
+            assert_bitwise(scales.cpu(), reference.swizzle_scales(rs) if swizzled else rs, what + " scales vs CPU rule")
+            assert_bitwise(nan_free_bits(codes.cpu()), nan_free_bits(rc), what + " codes vs CPU rule")
+
+
+def test_rule_values_are_checked():
+    pytest.importorskip("triton")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    assert tnq._rule(0) == 0 and tnq._rule(1) == 1
+    for bad in (2, -1, True):
+        with pytest.raises(ValueError, match="rule"):
+            tnq._rule(bad)

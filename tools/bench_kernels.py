@@ -138,6 +138,11 @@ def bench_point(k, m, variants, compiled=None, log=print):
             log(f"  {name} K={k} M={m} FAILED: {type(e).__name__}: {e}")
             res[name] = float("nan")
 
+    res["default_is"] = {  # the variants the ops' own dispatch equals at this (K, M)
+        f"{part}_{kind}": tnq.variant_of(tnq.norm_config(k, m, plain_quant=part == "fused" and kind == "plain"), k)
+        for part in ("fused", "unfused")
+        for kind in KINDS
+    }
     for vname in variants:
         cfg = None if vname == DEFAULT else tnq.variant(vname, k)
         for swz in (False, True):
@@ -263,7 +268,7 @@ def plot(results, copy_tbs, vname, path):
 
 def as_current_default(data):
     """`data` with the `default/...` entries of each row taken from the measured variant
-    that today's `norm_config(K, M, swizzled)` equals (the run's own `default/...` kept as
+    that today's `norm_config(K, M, plain_quant=...)` equals (the run's own `default/...` kept as
     `run-default/...`): a saved run re-read after the dispatch changed, same-run numbers."""
     from mxfuse.ops import triton_norm_quant as tnq
 
@@ -271,16 +276,23 @@ def as_current_default(data):
     for r in data["results"]:
         r = dict(r)
         k, m = r["K"], r["M"]
-        names = {swz: tnq.variant_of(tnq.norm_config(k, m, swz), k) for swz in (False, True)}
+        names = {kind: tnq.variant_of(tnq.norm_config(k, m, plain_quant=kind == "plain"), k) for kind in KINDS}
+        norm_name = tnq.variant_of(tnq.norm_config(k, m), k)  # the unfused norm's own dispatch
         for key in [key for key in r if key.startswith(f"{DEFAULT}/")]:
             r["run-" + key] = r.pop(key)
+        run_names = r.get("default_is") or {}  # what the run's own `default` was (recorded since run 6)
         for kind in KINDS:
-            for swz, sfx in ((False, ""), (True, "_swz")):
-                if names[swz] is None:
-                    raise ValueError(f"K={k} M={m}: the default config is none of the measured variants")
-                r[f"{DEFAULT}/fused_{kind}{sfx}"] = r.get(f"{names[swz]}/fused_{kind}{sfx}")
-                r[f"{DEFAULT}/unfused_{kind}{sfx}"] = r.get(f"{names[False]}/unfused_{kind}{sfx}")
-        r["default_is"] = {"rowmajor": names[False], "swizzled": names[True]}
+            if names[kind] is None or norm_name is None:
+                raise ValueError(f"K={k} M={m}: the default config is none of the named variants")
+            for part, name in (("fused", names[kind]), ("unfused", norm_name)):
+                for sfx in ("", "_swz"):
+                    key = f"{part}_{kind}{sfx}"
+                    measured = r.get(f"{name}/{key}")
+                    if measured is None and run_names.get(f"{part}_{kind}") == name:  # the run timed it as `default`
+                        measured = r.get(f"run-{DEFAULT}/{key}")
+                    r[f"{DEFAULT}/{key}"] = measured
+        r["default_is"] = {f"{part}_{kind}": names[kind] if part == "fused" else norm_name
+                           for part in ("fused", "unfused") for kind in KINDS}  # fmt: skip
         out["results"].append(r)
     return out
 

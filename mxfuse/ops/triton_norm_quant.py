@@ -186,43 +186,68 @@ def _finish_chunk(
     s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP, part,
     dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
     CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, SPLIT: tl.constexpr,
+    RULE: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..), by the program that owns it: see :func:`_finish_owned`."""
     if SPLIT == 1:  # noqa: SIM114  (constexpr: no runtime branch when a row is not split)
         _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE, RULE)  # fmt: skip
     elif part == J % SPLIT:
         _finish_owned(s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE)  # fmt: skip
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, J, QUANT_OPS, SCALE_STORE, RULE)  # fmt: skip
 
 
 @triton.jit
 def _finish_owned(
     s, w, rstd, y_ptr, q_ptr, sc_ptr, rows, cols, row_mask, K, stride_q, stride_s, M_grid, S, SP,
     dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
-    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, RULE: tl.constexpr,
 ):  # fmt: skip
     """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
-    y = ((s * rstd[:, None]) * w).to(dtype)
+    yf = (s * rstd[:, None]) * w
+    y = yf.to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
     offs = rows[:, None] * K + cols[None, :]
     if QUANT:
         if EMIT_Y:
             tl.store(y_ptr + offs, y, mask=mask)
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS)
+        if QUANT_OPS == 2 and dtype == tl.bfloat16 and not EMIT_Y:
+            codes, sb = _mx_quant_tile(_round_bf16_pairs(yf), BM, CH, QUANT_OPS, RULE)
+        else:
+            codes, sb = _mx_quant_tile(y.to(tl.float32), BM, CH, QUANT_OPS, RULE)
         # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses,
         # so no shared-memory layout conversion between the loads and the code stores.
         # Codes rows are `stride_q` bytes apart (K, or K + K/32 in a row-packed buffer).
         q_offs = rows[:, None] * stride_q + cols[None, :]
         tl.store(q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
         scols = J * (CH // 32) + tl.arange(0, CH // 32)
+        if SWIZZLED and RULE == 1:
+            # the pad4 columns past K/32 hold zeros; under TORCHAO a row whose y is NaN
+            # (all-zero row, eps = 0) would make their all-zero blocks NaN (scale 255)
+            sb = tl.where(scols[None, :] < S, sb, 0)
         _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
     else:
         tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
-def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr):
+def _round_bf16_pairs(v):
+    """fp32 -> bf16 (round to nearest even) -> fp32, two values per `cvt.rn.bf16x2.f32`
+    (the same rounding as `.to(bfloat16).to(float32)`, which converts one value per F2F)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $3, $2; shl.b32 $0, p, 16; and.b32 $1, p, 0xffff0000; }",
+        "=r,=r,r,r", [v], dtype=tl.float32, is_pure=True, pack=2,
+    )  # fmt: skip
+
+
+@triton.jit
+def _max_nan(a, b):
+    """NaN-propagating max (`max.NaN.f32`): a block's amax is NaN if any of its values is."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr, RULE: tl.constexpr):
     """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32).
 
     QUANT_OPS 0 (hardware semantics, fewer instructions): `tl.max` is IEEE maxNum, which
@@ -230,13 +255,24 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexp
     into FLT_MIN), and the fp32 -> e4m3 cast is `cvt.rn.satfinite`, which maps +-Inf to
     +-448 and keeps NaN. QUANT_OPS 1 spells both out (`where` before the max, a clamp
     before the cast): the same bits, two instructions more per element.
+
+    RULE (`reference.QuantRule`, constexpr: the default code is not touched by the other
+    branch): 0 DEFAULT (DESIGN.md); 1 TORCHAO (torchao's RCEIL: a NaN makes the block's
+    scale 255 and all 32 of its codes NaN; a block with scale byte 0 is multiplied by 1.0
+    instead of 2**127). The amax is then the NaN-propagating max (one `max.NaN` per element
+    instead of maxNum: no extra instruction), so a NaN block is `amax != amax`; its scale
+    is computed from FLT_MIN (the floor is maxNum) and then replaced.
     """
     v3 = tl.reshape(v, [BM, BC // 32, 32])
     a = tl.abs(v3)
-    if QUANT_OPS == 1:
-        a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
-    amax = tl.max(a, axis=2)
-    amax = tl.maximum(amax, 1.1754943508222875e-38)  # FLT_MIN (smallest normal)
+    if RULE == 1:
+        amax = tl.reduce(a, 2, _max_nan)
+        nan_block = amax != amax  # noqa: PLR0124  (NaN test)
+    else:
+        if QUANT_OPS == 1:
+            a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
+        amax = tl.max(a, axis=2)
+    amax = tl.maximum(amax, 1.1754943508222875e-38)  # FLT_MIN (smallest normal); maxNum: NaN -> FLT_MIN
     bits = amax.to(tl.int32, bitcast=True)
     biased_exp = bits >> 23
     sb = biased_exp - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
@@ -245,6 +281,10 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexp
     sb = tl.where(sb > 254, 254, sb)
     e = 254 - sb  # biased exponent of 2**(127 - sb)
     mbits = tl.where(e == 0, 0x00400000, e << 23)  # e == 0: 2**-127 (subnormal)
+    if RULE == 1:  # torchao's RCEIL
+        mbits = tl.where(sb == 0, 0x3F800000, mbits)  # 1.0
+        mbits = tl.where(nan_block, 0x7FC00000, mbits)  # NaN: every code of the block NaN
+        sb = tl.where(nan_block, 255, sb)
     mult = mbits.to(tl.float32, bitcast=True)
     q = v3 * mult[:, :, None]
     if QUANT_OPS == 1:
@@ -296,7 +336,7 @@ def _norm_tile(
     HAS_RES: tl.constexpr, QUANT: tl.constexpr, ROUND_SUM: tl.constexpr, EMIT_Y: tl.constexpr,
     SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
     TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
-    EVICT_FIRST: tl.constexpr, SPLIT: tl.constexpr, LOAD_FENCE: tl.constexpr,
+    EVICT_FIRST: tl.constexpr, SPLIT: tl.constexpr, LOAD_FENCE: tl.constexpr, RULE: tl.constexpr,
 ):  # fmt: skip
     """BM whole rows: all loads (x, residual, weight) issued before any use, one pass.
 
@@ -372,16 +412,16 @@ def _norm_tile(
     rstd = _rstd(_row_sum(v, BM, CH, LOG_CH, TREE), K, eps, BM, RSQRT)
     # ---- y (and quant) per chunk
     _finish_chunk(sa, wa, rstd, y_ptr, q_ptr, sc_ptr, rows, ca, rm, K, stride_q, stride_s, M_grid, S, SP, part,
-                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+                  dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 0, QUANT_OPS, SCALE_STORE, SPLIT, RULE)  # fmt: skip
     if NCH > 1:
         _finish_chunk(sb_, wb, rstd, y_ptr, q_ptr, sc_ptr, rows, cb, rm, K, stride_q, stride_s, M_grid, S, SP, part,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 1, QUANT_OPS, SCALE_STORE, SPLIT, RULE)  # fmt: skip
     if NCH > 2:
         _finish_chunk(sc_, wc, rstd, y_ptr, q_ptr, sc_ptr, rows, cc, rm, K, stride_q, stride_s, M_grid, S, SP, part,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 2, QUANT_OPS, SCALE_STORE, SPLIT, RULE)  # fmt: skip
     if NCH > 3:
         _finish_chunk(sd_, wd, rstd, y_ptr, q_ptr, sc_ptr, rows, cd, rm, K, stride_q, stride_s, M_grid, S, SP, part,
-                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE, SPLIT)  # fmt: skip
+                      dtype, QUANT, EMIT_Y, SWIZZLED, BM, CH, 3, QUANT_OPS, SCALE_STORE, SPLIT, RULE)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M", "M_grid", "n_tiles"])
@@ -392,30 +432,65 @@ def _norm_kernel(
     SWIZZLED: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, LOG_CH: tl.constexpr,
     TREE: tl.constexpr, RSQRT: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
     EVICT_FIRST: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT: tl.constexpr, LOAD_FENCE: tl.constexpr,
+    RULE: tl.constexpr, PAD_FILL: tl.constexpr, PAD_ROWS: tl.constexpr, PAD_WORDS: tl.constexpr,
 ):  # fmt: skip
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
     A row is NCH (1..4) chunks of CH columns (CH = max(128, BLOCK_K/4), a power of two),
     held in registers. One tile of BM rows per program, or (PERSISTENT) tiles pid,
     pid + grid, ... of the `n_tiles`.
+
+    PAD_FILL (swizzled scales only): the `n_tiles` tiles cover the M real rows, and the
+    programs after them (pid >= n_tiles) only write the zero scale words of the padding
+    rows M .. pad128(M) (PAD_ROWS rows each); otherwise the tiles cover pad128(M) rows
+    and the padding rows run the norm on zeros (which gives scale byte 0).
     """
     pid = tl.program_id(0)
     part = tl.program_id(1)
+    m_store = M if PAD_FILL else M_grid  # scale rows the norm tiles store (PAD_FILL: pad programs the rest)
     if PERSISTENT:
         for t in range(pid, n_tiles, tl.num_programs(0)):
-            _norm_tile(t, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
-                       stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
-                       LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE)  # fmt: skip
+            _norm_tile(t, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, m_store, K, stride_x, stride_r,
+                       stride_q, stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM,
+                       CH, NCH, LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE,
+                       RULE)  # fmt: skip
+        if PAD_FILL:
+            for p in range(pid, tl.cdiv(M_grid - M, PAD_ROWS), tl.num_programs(0)):
+                _zero_pad_scales(sc_ptr, p, M, M_grid, SP, PAD_ROWS, PAD_WORDS)
+    elif PAD_FILL:
+        if pid < n_tiles:
+            _norm_tile(pid, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, m_store, K, stride_x, stride_r,
+                       stride_q, stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM,
+                       CH, NCH, LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE,
+                       RULE)  # fmt: skip
+        else:
+            _zero_pad_scales(sc_ptr, (pid - n_tiles) * SPLIT + part, M, M_grid, SP, PAD_ROWS, PAD_WORDS)
     else:
-        _norm_tile(pid, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_r, stride_q,
-                   stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH, NCH,
-                   LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE)  # fmt: skip
+        _norm_tile(pid, part, x_ptr, r_ptr, w_ptr, ro_ptr, y_ptr, q_ptr, sc_ptr, M, m_store, K, stride_x, stride_r,
+                   stride_q, stride_s, S, SP, eps, weight_offset, HAS_RES, QUANT, ROUND_SUM, EMIT_Y, SWIZZLED, BM, CH,
+                   NCH, LOG_CH, TREE, RSQRT, QUANT_OPS, SCALE_STORE, EVICT_FIRST, SPLIT, LOAD_FENCE, RULE)  # fmt: skip
+
+
+@triton.jit
+def _zero_pad_scales(sc_ptr, p, M, M_grid, SP, PAD_ROWS: tl.constexpr, PAD_WORDS: tl.constexpr):
+    """Zero the F8_128x4 scale words of padding rows M + p*PAD_ROWS .. (< M_grid), all SP
+    columns. A row's 4 scales of one 4-column group are one aligned 32-bit word (SP % 4 == 0),
+    so the padding is stored as words: (r // 128) * SP * 32 + (c // 4) * 128 + (r % 32) * 4
+    + (r // 32) % 4, in words."""
+    rows = M + p.to(tl.int64) * PAD_ROWS + tl.arange(0, PAD_ROWS)
+    cw = tl.arange(0, PAD_WORDS)
+    r2 = rows[:, None]
+    c2 = cw[None, :]
+    off = (r2 // 128) * (SP * 32) + c2 * 128 + (r2 % 32) * 4 + (r2 // 32) % 4
+    mask = (r2 < M_grid) & (c2 < SP // 4)
+    tl.store(sc_ptr.to(tl.pointer_type(tl.int32)) + off, tl.zeros([PAD_ROWS, PAD_WORDS], tl.int32), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "M_grid"])
 def _quant_kernel(
     x_ptr, q_ptr, sc_ptr, M, M_grid, K, stride_x, stride_q, stride_s, S, SP,
     SWIZZLED: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr,
+    RULE: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -423,7 +498,7 @@ def _quant_kernel(
     cols = pid_k * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS, RULE)
     tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], codes, mask=mask)
     scols = pid_k * (BC // 32) + tl.arange(0, BC // 32)
     _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED, stride_s, SCALE_STORE)
@@ -470,12 +545,17 @@ class NormConfig(NamedTuple):
     - tree: "pairwise" (the layout-free tree of `_pairwise_sum`) or "native" (`tl.sum`).
     - rsqrt: "rn" (correctly rounded divide and sqrt) or "approx" (`rsqrt.approx.f32`).
     - quant_ops: "hw" (maxNum skips NaN, the satfinite cast saturates Inf) or "explicit"
-      (`where` + clamp: same bits, 2 instructions more per element).
+      (`where` + clamp: same bits, 2 instructions more per element); "hw-bf16x2": "hw" with
+      the bf16 rounding of y before the quant done two values per `cvt.rn.bf16x2.f32`
+      (bf16 without emit_y; the quant kernel treats it as "hw").
     - scale_store: "in_place" (inline `st.global.u8` from the reduction's layout) or
       "tl_store" (through Triton's coalescing: a shared-memory round trip per chunk).
     - evict_first: evict_first hint on the x / residual loads (streamed once).
     - load_fence: a barrier right after the loads, so that the weight is fetched together
       with x and residual rather than after x's round trip (ptxas's order otherwise).
+    - scale_padding (swizzled scales): "fill" = the grid covers the M real rows plus a few
+      programs that only store the zero scale words of the padding rows up to pad128(M);
+      "norm" = the grid covers pad128(M) rows and the padding rows run the norm on zeros.
     """
 
     block_rows: int = 1
@@ -488,6 +568,7 @@ class NormConfig(NamedTuple):
     scale_store: str = "in_place"
     evict_first: bool = False
     load_fence: bool = True
+    scale_padding: str = "fill"
 
 
 class QuantConfig(NamedTuple):
@@ -503,8 +584,17 @@ class QuantConfig(NamedTuple):
 
 _TREES = {"pairwise": 0, "native": 1}
 _RSQRTS = {"rn": 0, "approx": 1}
-_QUANT_OPS = {"hw": 0, "explicit": 1}
+_QUANT_OPS = {"hw": 0, "explicit": 1, "hw-bf16x2": 2}
 _SCALE_STORES = {"in_place": 0, "tl_store": 1}
+_SCALE_PADDINGS = {"norm": 0, "fill": 1}
+PAD_ROWS = 32  # padding rows per zero-fill program (swizzled scales, scale_padding="fill")
+
+
+def _rule(rule) -> int:
+    """The `reference.QuantRule` value as the kernels' RULE constexpr (0 DEFAULT, 1 TORCHAO)."""
+    if int(rule) not in (0, 1) or isinstance(rule, bool):
+        raise ValueError(f"triton_norm_quant: rule={rule!r} is not a QuantRule (0 DEFAULT, 1 TORCHAO)")
+    return int(rule)
 
 
 def _code(table: dict, field: str, value) -> int:
@@ -513,11 +603,12 @@ def _code(table: dict, field: str, value) -> int:
     return table[value]
 
 
-# Launch choices by M, from the H200 sweep of 2026-12-01 (docs/perf_notes.md, run 5): up to
+# Launch choices by M, from the H200 sweeps of 2026-12-01 (docs/perf_notes.md, runs 5 and 6): up to
 # SPLIT_MAX_ROWS rows (row-major scales only) a row is split over one program per chunk; up
 # to EVICT_FIRST_MAX_ROWS rows the x / residual loads carry evict_first. Same bits.
 SPLIT_MAX_ROWS = 16
 EVICT_FIRST_MAX_ROWS = 1024
+TWO_ROWS_MIN_ROWS = 4096  # fused plain norm + quant, K 2049..3072: two rows per tile from here (run 6)
 
 
 def _chunks(k: int) -> tuple[int, int]:
@@ -526,25 +617,32 @@ def _chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def norm_config(k: int, m: int | None = None, swizzled: bool = False) -> NormConfig:
-    """Default config for M rows of K values (M None: the config of the layout alone).
+def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False) -> NormConfig:
+    """Default config for M rows of K values (M None: the config of the layout alone);
+    `plain_quant`: the fused plain norm + quant (no residual).
 
-    The arithmetic (`tree`, `rsqrt`) and the layout of a row (rows per tile, warps) depend
-    on K alone, so the reduction tree is fixed per K (batch invariant); M (and the scale
-    layout) only choose how many programs share a row and a cache hint, which do not
-    change a bit (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
-    (docs/perf_notes.md): ~32 values of the padded row per thread (8 warps for K = 6144,
-    4 for K = 3072); a split row wins at M <= 16 with row-major scales (with swizzled
-    scales the 128-row padding already runs 128 programs, and splitting them lost);
-    evict_first wins from 64 to 1024 rows and loses at 4096 and above.
+    The arithmetic (`tree`, `rsqrt`) and the layout of a row (warps, the values of a row
+    each thread holds) depend on K alone, so the reduction tree is fixed per K (batch
+    invariant); M only chooses how many programs share a row, how many rows share a
+    program's registers and a cache hint, none of which changes a bit
+    (tests/test_gpu_kernels.py::test_variants_bitwise). Measured on H200
+    (docs/perf_notes.md, runs 5 and 6): ~32 values of the padded row per thread (8 warps
+    for K = 6144, 4 for K = 3072); a split row wins at M <= 16, with either scale layout
+    (swizzled lost while the 128-row padding ran the norm: 384 programs at M = 1; the
+    padding is now zero-filled by a few store-only programs); evict_first wins from 64 to
+    1024 rows and loses at 4096 and above; two rows per tile (the weight loaded and
+    converted once for both) win for the plain fused kernel at K 3072 from 4096 rows
+    (-2..-5%) and lose at K 6144 (8 warps of 98 registers: half the resident programs).
     """
     block_k = _block_k(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
     nw = max(4, min(16, bm * block_k // 1024))
     if m is None:
         return NormConfig(block_rows=bm, num_warps=nw)
-    split = _chunks(k)[1] if (m <= SPLIT_MAX_ROWS and not swizzled) else 1
+    split = _chunks(k)[1] if m <= SPLIT_MAX_ROWS else 1
     evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
+    if plain_quant and m >= TWO_ROWS_MIN_ROWS and block_k == 4096 and _chunks(k)[1] <= 3:  # K 2049..3072
+        bm = 2
     return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
 
 
@@ -582,6 +680,9 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "native-2rows": NormConfig(block_rows=2),
         "native-evict": NormConfig(evict_first=True),
         "native-persist": NormConfig(persistent=1),
+        "native-padnorm": NormConfig(scale_padding="norm"),
+        "native-bf16x2": NormConfig(quant_ops="hw-bf16x2"),
+        "native-split-padnorm": NormConfig(split=2, scale_padding="norm"),
     }
 )
 
@@ -655,7 +756,7 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, weight_offset,
-                 out_codes=None, out_scales=None, config: NormConfig | None = None):  # fmt: skip
+                 out_codes=None, out_scales=None, config: NormConfig | None = None, rule=0):  # fmt: skip
     _check2d("x", x)
     m, k = x.shape
     if k % BLOCK:
@@ -677,12 +778,16 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
     if m_grid == 0:
         return codes, scales, res_out, y
     ch, nch = _chunks(k)
-    cfg = config or norm_config(k, m, bool(quant and swizzled))
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res))
+    rule = _rule(rule)
     bm = cfg.block_rows
-    n_tiles = triton.cdiv(m_grid, bm)
+    split = max(1, cfg.split)
+    pad_fill = bool(quant and swizzled) and _code(_SCALE_PADDINGS, "scale_padding", cfg.scale_padding) == 1
+    n_tiles = triton.cdiv(m if pad_fill else m_grid, bm)
+    n_pad = triton.cdiv(triton.cdiv(m_grid - m, PAD_ROWS), split) if pad_fill else 0
     if cfg.persistent and cfg.split > 1:
         raise ValueError(f"triton_norm_quant: a persistent grid does not split rows, got {cfg}")
-    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles, max(1, cfg.split))
+    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles + n_pad, split)
     r = residual if has_res else x
     _norm_kernel[grid](
         x, r, weight, res_out if has_res else x, y if y is not None else x,
@@ -695,8 +800,9 @@ def _launch_norm(x, residual, weight, eps, quant, swizzled, emit_y, round_sum, w
         TREE=_code(_TREES, "tree", cfg.tree), RSQRT=_code(_RSQRTS, "rsqrt", cfg.rsqrt),
         QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
         SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store),
-        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent), SPLIT=max(1, cfg.split),
-        LOAD_FENCE=bool(cfg.load_fence),
+        EVICT_FIRST=bool(cfg.evict_first), PERSISTENT=bool(cfg.persistent), SPLIT=split,
+        LOAD_FENCE=bool(cfg.load_fence), RULE=rule, PAD_FILL=pad_fill, PAD_ROWS=PAD_ROWS,
+        PAD_WORDS=triton.next_power_of_2(max(1, sp // 4)),
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales, res_out, y
@@ -732,6 +838,7 @@ def fused_norm_quant(
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
     config: NormConfig | None = None,
+    rule: int = 0,
 ):
     """Norm (+add) and MXFP8 quant in one launch: `(codes, scales, residual_out|None, y|None)`.
 
@@ -740,9 +847,10 @@ def fused_norm_quant(
     `packed[:, :K].view(float8_e4m3fn)` and `packed[:, K:]` of a row-packed byte buffer;
     they are returned as `codes` / `scales`. Only addresses change: same bits.
     `config`: launch shape / variant (default :func:`norm_config`), as in :func:`gemma_norm`.
+    `rule`: a `reference.QuantRule` value (0 DEFAULT, 1 TORCHAO), as the quant ops take it.
     """
     return _launch_norm(x, residual, weight, eps, True, swizzled, emit_y, round_sum, weight_offset,
-                        out_codes, out_scales, config)  # fmt: skip
+                        out_codes, out_scales, config, rule)  # fmt: skip
 
 
 def quantize(
@@ -752,11 +860,13 @@ def quantize(
     out_codes: torch.Tensor | None = None,
     out_scales: torch.Tensor | None = None,
     config: QuantConfig | None = None,
+    rule: int = 0,
 ):
     """MXFP8 codes `[M, K]` e4m3 and scales (uint8 `[M, K/32]`, or F8_128x4 `[pad128(M), pad4(K/32)]`).
 
     `out_codes` / `out_scales`: caller-provided output views, as in :func:`fused_norm_quant`.
     `config`: tiles and variant (default :func:`quant_config`; every config gives the same bits).
+    `rule`: a `reference.QuantRule` value (0 DEFAULT, 1 TORCHAO).
     """
     _check2d("x", x)
     m, k = x.shape
@@ -768,12 +878,14 @@ def quantize(
     if m_grid == 0:
         return codes, scales
     cfg = config or quant_config(k, m)
+    rule = _rule(rule)
     bm, bc = cfg.block_rows, cfg.block_cols
     grid = (triton.cdiv(m_grid, bm), triton.cdiv(k, bc))
     _quant_kernel[grid](
         x, codes, scales, m, m_grid, k, x.stride(0), _row_stride(codes, k), _row_stride(scales, s), s, sp,
         SWIZZLED=bool(swizzled), BM=bm, BC=bc, QUANT_OPS=_code(_QUANT_OPS, "quant_ops", cfg.quant_ops),
-        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store), num_warps=cfg.num_warps, enable_fp_fusion=False,
+        SCALE_STORE=_code(_SCALE_STORES, "scale_store", cfg.scale_store), RULE=rule, num_warps=cfg.num_warps,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return codes, scales
 
