@@ -21,17 +21,23 @@ class PassOptions:
     sp_gather: rewrite 2, where quantization goes around a sequence-parallel all-gather:
         "bf16" gathers bf16 and quantizes after; "mxfp8" quantizes the local rows
         (fused) and gathers one packed byte buffer; "auto" picks "mxfp8" when exact.
+    sequence_parallel: rewrite tensor-parallel all-reduce -> Gemma norm chains into
+        reduce-scatter -> norm on the local rows -> all-gather (off by default: it changes
+        the order of the sum; see docs/sp_notes.md).
     dump_dir: write each graph before and after the passes there
         (default: the MXFUSE_DUMP_DIR environment variable, else no dump).
     """
 
     fuse_norm_quant: bool = True
     sp_gather: Literal["auto", "bf16", "mxfp8"] = "auto"
+    sequence_parallel: bool = False
     dump_dir: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.fuse_norm_quant, bool):
             raise TypeError(f"mxfuse option fuse_norm_quant must be a bool, got {self.fuse_norm_quant!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise TypeError(f"mxfuse option sequence_parallel must be a bool, got {self.sequence_parallel!r}")
         if self.sp_gather not in SP_GATHER_MODES:
             raise ValueError(f"mxfuse option sp_gather must be one of {SP_GATHER_MODES}, got {self.sp_gather!r}")
         if self.dump_dir is None and os.environ.get(DUMP_DIR_ENV):
@@ -61,4 +67,7 @@ class PassOptions:
 
     def cache_key(self) -> str:
         """The options that change the compiled graph (dump_dir does not)."""
-        return json.dumps({"fuse_norm_quant": self.fuse_norm_quant, "sp_gather": self.sp_gather}, sort_keys=True)
+        keys = {"fuse_norm_quant": self.fuse_norm_quant, "sp_gather": self.sp_gather}
+        if self.sequence_parallel:  # only when on: default-option keys (and caches) stay as they were
+            keys["sequence_parallel"] = True
+        return json.dumps(keys, sort_keys=True)

@@ -1,6 +1,8 @@
 """The mxfuse post-grad pass: runs the rewrites, counts, logs, dumps, and never half-applies.
 
-Order: rewrite 2 (quantization around the SP all-gather) first, so that rewrite 1
+Order: with `sequence_parallel=True`, the sequence-parallel rewrite first (it turns
+all-reduce -> norm into reduce-scatter -> local norm -> all-gather); then rewrite 2
+(quantization around the SP all-gather), so that rewrite 1
 (norm -> quant fusion) sees the graph it leaves. Each rewrite plans without touching
 the graph, then applies; everything runs inside one :class:`GraphTransaction`, so an
 exception anywhere restores the graph exactly and becomes a warning naming the
@@ -54,7 +56,12 @@ def rewrites(options: PassOptions) -> list:
     """The rewrite modules to run, in order."""
     from mxfuse.patterns import norm_quant, sp_gather
 
-    return [sp_gather] + ([norm_quant] if options.fuse_norm_quant else [])
+    first = []
+    if options.sequence_parallel:  # before sp_gather: it emits the norm -> all_gather -> quant that sp_gather places
+        from mxfuse.patterns import sequence_parallel
+
+        first = [sequence_parallel]
+    return first + [sp_gather] + ([norm_quant] if options.fuse_norm_quant else [])
 
 
 def run(graph: fx.Graph, options: PassOptions) -> PassReport:
