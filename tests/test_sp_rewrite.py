@@ -253,6 +253,16 @@ def test_off_by_default_and_plan_leaves_the_graph_alone(world):
     assert counts(gm)["all_reduce"] == 2 * CONFIG.n_layers
 
 
+def test_option_validated_and_in_the_cache_key():
+    base = mxfuse.post_grad_pass().uuid()
+    assert mxfuse.post_grad_pass(sequence_parallel=True).uuid() != base
+    assert mxfuse.post_grad_pass(sequence_parallel=False).uuid() == base  # default keys stay as they were
+    with pytest.raises(TypeError, match="sequence_parallel"):
+        PassOptions(sequence_parallel="yes")
+    rewrites = [r.NAME for r in post_grad.rewrites(PassOptions(sequence_parallel=True))]
+    assert rewrites[:2] == [sp.NAME, "sp_gather"]  # before sp_gather, which places the gathers it emits
+
+
 # ------------------------------------------------------------------ left alone, whole
 
 
