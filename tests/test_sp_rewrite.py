@@ -37,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+import mxfuse
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.models_tp import TPModel
 from mxfuse.passes import post_grad
@@ -499,12 +499,21 @@ def _sp_checks(model, world, modes, all_reduce, reduce_scatter) -> dict:
 
 def _c10d_rank_body(rank: int, world: int, port: int) -> dict:
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = _c10d_checks(rank, world)
+    dist.destroy_process_group()
+    return results
+
+
+def _c10d_checks(rank: int, world: int) -> dict:
+    import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
     from mxfuse.models_tp import c10d_all_reduce as all_reduce_over
 
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    torch._inductor.config.compile_threads = 1  # no compile-worker pool per rank on a 2-core machine
     group = dist.group.WORLD
     model = TPModel(DIST_CONFIG, rank, world, all_reduce_over(group))
     results = _sp_checks(
@@ -516,7 +525,6 @@ def _c10d_rank_body(rank: int, world: int, port: int) -> dict:
     )
     if world == 2:  # (one world is enough to show every rank takes the same decision)
         results["skipped_graph"] = _skipped_graph_runs(group)
-    dist.destroy_process_group()
     return results
 
 
@@ -549,10 +557,10 @@ def _vllm_rank_body(rank: int, world: int, port: int) -> dict:
 
     from mxfuse.models_tp import vllm_all_reduce
 
-    torch.set_num_threads(1)
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         parallel_state.init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        c10d_results = _c10d_checks(rank, world)  # the same processes serve the c10d family (torch's world group)
         name = parallel_state.get_tp_group().unique_name
         model = TPModel(DIST_CONFIG, rank, world, vllm_all_reduce(name))
         results = _sp_checks(
@@ -564,7 +572,7 @@ def _vllm_rank_body(rank: int, world: int, port: int) -> dict:
         )
         parallel_state.destroy_model_parallel()
         parallel_state.destroy_distributed_environment()
-    return results
+    return {"c10d": c10d_results, "vllm": results}
 
 
 def _assert_sp_run(rank, results, mode, family, world):
@@ -579,10 +587,29 @@ def _assert_sp_run(rank, results, mode, family, world):
         assert run["rel_l2"][n] <= END_TO_END_RTOL, (rank, mode, n, run["rel_l2"])
 
 
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def vllm_and_gloo2_reports():
+    """W = 2: one spawn serves both families when vLLM is importable (vLLM's TP group, and torch's
+    world group it initialized); else plain gloo and the c10d family only."""
+    from spawn_helpers import run_ranks
+
+    if _has_vllm():
+        return run_ranks(_vllm_rank_body, 2, timeout=600)
+    return {rank: {"c10d": r} for rank, r in run_ranks(_c10d_rank_body, 2, timeout=600).items()}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["gloo2", "gloo4"])
 def gloo_reports(request):
     from spawn_helpers import run_ranks
 
+    if request.param == 2:
+        return 2, {rank: r["c10d"] for rank, r in request.getfixturevalue("vllm_and_gloo2_reports").items()}
     return request.param, run_ranks(_c10d_rank_body, request.param, timeout=600)
 
 
@@ -603,10 +630,9 @@ def test_sp_rewrite_distributed(gloo_reports):
 
 @pytest.mark.vllm
 @pytest.mark.distributed
-def test_sp_rewrite_on_vllm_tp_group():
+def test_sp_rewrite_on_vllm_tp_group(vllm_and_gloo2_reports):
     pytest.importorskip("vllm")
-    from spawn_helpers import run_ranks
-
-    for rank, results in run_ranks(_vllm_rank_body, 2, timeout=600).items():
+    for rank, both in vllm_and_gloo2_reports.items():
+        results = both["vllm"]
         _assert_sp_run(rank, results, "mxfp8", "vllm", 2)
         assert any("vllm.reduce_scatter" in t for t in results["mxfp8"]["collectives"]), results["mxfp8"]
