@@ -38,7 +38,6 @@ and their fake values are re-derived on the local rows.
 from __future__ import annotations
 
 import enum
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -46,19 +45,21 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import mxfuse.ops.sp_rows  # noqa: F401  (registers mxfuse::sp_local_rows, which the rewrite emits)
-from mxfuse.patterns.fx_utils import (
-    arg,
-    call,
-    fake,
-    fake_mode_of,
-    getitem_users,
-    is_call,
-    redirect_uses,
-    refresh_eager_input_vals,
-    static_int,
-)
+from mxfuse.patterns.all_reduces import AllReduce, all_reduce_reason, is_all_reduce, match_all_reduce, world_size_of
+from mxfuse.patterns.fx_utils import call, fake, getitem_users, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.norms import NormMatch, find_norms
 from mxfuse.patterns.quants import match_quant
+from mxfuse.patterns.sp_emit import (
+    Collectives,
+    Rows,
+    all_gather,
+    comes_before,
+    cut,
+    padded,
+    reduce_scatter,
+    refresh,
+    row_nodes,
+)
 
 NAME = "sequence_parallel"
 aten = torch.ops.aten
@@ -108,18 +109,6 @@ class Skip:
 
 
 @dataclass(frozen=True)
-class AllReduce:
-    """An all-reduce in either family: vLLM's one node, or c10d's collective + wait."""
-
-    family: str  # "vllm" or "c10d"
-    start: fx.Node
-    out: fx.Node
-    x: fx.Node
-    group_name: object
-    reduce_op: object
-
-
-@dataclass(frozen=True)
 class SequenceParallelPlan:
     """The whole-graph rewrite: every all-reduce of the group, every norm it makes local."""
 
@@ -138,82 +127,12 @@ class SequenceParallelPlan:
         return [ar.start for ar in self.all_reduces]
 
     @property
+    def collectives(self) -> Collectives:
+        return Collectives(self.family, self.group_name, self.world_size)
+
+    @property
     def kind(self) -> str:
         return f"sequence_parallel:{self.family}_all_reduce->reduce_scatter{'+pad' if self.pad else ''}"
-
-
-# ------------------------------------------------------------------ recognizers
-
-
-def match_all_reduce(node: fx.Node) -> AllReduce | None:
-    c10d = torch.ops._c10d_functional
-    if is_call(node, c10d.all_reduce.default):
-        waits = [u for u in node.users if is_call(u, c10d.wait_tensor.default)]
-        if len(waits) != 1 or len(node.users) != 1:
-            return None
-        return AllReduce(
-            "c10d", node, waits[0], arg(node, 0, "input"), arg(node, 2, "group_name"), arg(node, 1, "reduce_op")
-        )
-    ns = torch.ops.vllm
-    if hasattr(ns, "all_reduce") and is_call(node, ns.all_reduce.default):
-        return AllReduce("vllm", node, node, arg(node, 0, "tensor"), arg(node, 1, "group_name"), "sum")
-    return None
-
-
-def _any_all_reduce(node: fx.Node) -> bool:
-    ns, c10d = torch.ops.vllm, torch.ops._c10d_functional
-    return is_call(node, c10d.all_reduce.default) or (
-        hasattr(ns, "all_reduce") and is_call(node, ns.all_reduce.default)
-    )
-
-
-def _all_reduce_reason(ar: AllReduce | None) -> str | None:
-    if ar is None:
-        return "a c10d all_reduce whose only user is not one wait_tensor"
-    if ar.reduce_op != "sum":
-        return f"all_reduce {ar.start.name} reduces with {ar.reduce_op!r}, not 'sum'"
-    if not isinstance(ar.group_name, str):
-        return f"all_reduce {ar.start.name}: group {ar.group_name!r} is not a constant group name"
-    x = fake(ar.x)
-    if x is None or x.dim() != 2:
-        what = "no fake tensor" if x is None else f"{x.dim()}-D input"
-        return f"all_reduce {ar.start.name}: {what}; only 2-D token rows [T, K] are sharded by this rewrite"
-    if static_int(x.shape[1]) is None:
-        return f"all_reduce {ar.start.name}: hidden size {x.shape[1]} is symbolic"
-    return None
-
-
-def world_size_of(graph: fx.Graph, family: str, group_name: str) -> int | None:
-    """The group's world size: from a collective of the graph that carries it, else the group itself.
-
-    vLLM's and c10d's all_reduce carry only the group name. The size is the same on
-    every rank, so reading it from the process's group registry keeps the decision
-    identical on all ranks.
-    """
-    for node in graph.nodes:
-        if node.op != "call_function" or not hasattr(node.target, "_schema"):
-            continue
-        schema = node.target._schema
-        names = [a.name for a in schema.arguments]
-        if "group_name" not in names or not ({"world_size", "group_size"} & set(names)):
-            continue
-        if arg(node, names.index("group_name"), "group_name") != group_name:
-            continue
-        key = "world_size" if "world_size" in names else "group_size"
-        size = static_int(arg(node, names.index(key), key))
-        if size is not None:
-            return size
-    try:
-        if family == "vllm":
-            from vllm.distributed import parallel_state
-
-            ref = parallel_state._groups.get(group_name)
-            return ref().world_size if ref is not None and ref() is not None else None
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return _resolve_process_group(group_name).size()
-    except Exception:  # noqa: BLE001 - no such group in this process: the caller skips with a reason
-        return None
 
 
 # ------------------------------------------------------------------ plan
@@ -255,13 +174,13 @@ def _outside_users(node: fx.Node, region: set) -> list[fx.Node]:
 
 def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | None:
     """The whole-graph decision (None: no all-reduce, nothing to do)."""
-    starts = [n for n in graph.nodes if _any_all_reduce(n)]
+    starts = [n for n in graph.nodes if is_all_reduce(n)]
     if not starts:
         return None
     ars = []
     for start in starts:
         ar = match_all_reduce(start)
-        reason = _all_reduce_reason(ar)
+        reason = all_reduce_reason(ar)
         if reason is not None:
             return Skip(CollectiveSite(start), SkipCode.ALL_REDUCE_FORM, reason)
         ars.append(ar)
@@ -344,119 +263,29 @@ def plan(graph: fx.Graph, options=None) -> tuple[list[SequenceParallelPlan], lis
 # ------------------------------------------------------------------ apply
 
 
-@dataclass
-class _Rows:
-    """Graph nodes (or ints) for T, the padded row count and the pad amount."""
-
-    t: object
-    padded: object
-    pad: object
-
-
-def _row_nodes(graph: fx.Graph, action: SequenceParallelPlan) -> _Rows:
-    w, t = action.world_size, static_int(action.rows)
-    if t is not None:
-        padded = -(-t // w) * w
-        return _Rows(t, padded, padded - t)
-    first = _graph_order([ar.x for ar in action.all_reduces] + list(action.replicated))[0]
-    with graph.inserting_after(first):
-        t_node = call(graph, aten.sym_size.int, (first, 0))
-    with graph.inserting_after(t_node):
-        up = _sym(graph, operator.add, t_node, w - 1)
-    with graph.inserting_after(up):
-        blocks = _sym(graph, operator.floordiv, up, w)
-    with graph.inserting_after(blocks):
-        padded = _sym(graph, operator.mul, blocks, w)
-    with graph.inserting_after(padded):
-        pad = _sym(graph, operator.sub, padded, t_node)
-    return _Rows(t_node, padded, pad)
-
-
-def _value(v):
-    return v.meta["val"] if isinstance(v, fx.Node) else v
-
-
-def _sym(graph: fx.Graph, op, a, b) -> fx.Node:
-    node = graph.call_function(op, (a, b))
-    node.meta["val"] = op(_value(a), _value(b))
-    return node
-
-
-def _padded(graph: fx.Graph, x: fx.Node, rows: _Rows) -> fx.Node:
-    if isinstance(rows.pad, int) and rows.pad == 0:
-        return x
-    val = fake(x)  # `constant_pad_nd` takes no symbolic pad; zeros + cat do (Inductor fuses them)
-    shape = [rows.pad, *val.shape[1:]]
-    zeros = graph.call_function(aten.full.default, (shape, 0.0), {"dtype": val.dtype, "device": val.device})
-    with fake_mode_of(x):
-        zeros.meta["val"] = torch.full([_value(d) for d in shape], 0.0, dtype=val.dtype, device=val.device)
-    cat = graph.call_function(aten.cat.default, ([x, zeros], 0))
-    with fake_mode_of(x):
-        cat.meta["val"] = torch.cat([val, zeros.meta["val"]])
-    return cat
-
-
-def _reduce_scatter(graph: fx.Graph, action: SequenceParallelPlan, x: fx.Node) -> fx.Node:
-    w, group = action.world_size, action.group_name
-    if action.family == "vllm":
-        return call(graph, torch.ops.vllm.reduce_scatter.default, (x, 0, w, group))
-    c10d = torch.ops._c10d_functional
-    start = call(graph, c10d.reduce_scatter_tensor.default, (x, "sum", w, group))
-    return call(graph, c10d.wait_tensor.default, (start,))
-
-
-def _all_gather(graph: fx.Graph, action: SequenceParallelPlan, x: fx.Node) -> fx.Node:
-    w, group = action.world_size, action.group_name
-    if action.family == "vllm":
-        return call(graph, torch.ops.vllm.all_gather.default, (x, 0, w, group))
-    c10d = torch.ops._c10d_functional
-    start = call(graph, c10d.all_gather_into_tensor.default, (x, w, group))
-    return call(graph, c10d.wait_tensor.default, (start,))
-
-
-def _cut(graph: fx.Graph, x: fx.Node, rows: _Rows) -> fx.Node:
-    return call(graph, aten.slice.Tensor, (x, 0, 0, rows.t))
-
-
-def _refresh(node: fx.Node) -> None:
-    """Re-derive the fake value of a node whose inputs now hold local rows."""
-    vals = lambda a: a.meta["val"] if isinstance(a, fx.Node) else a
-    args, kwargs = fx.node.map_arg(node.args, vals), fx.node.map_arg(node.kwargs, vals)
-    if node.target is operator.getitem:
-        node.meta["val"] = operator.getitem(*args)
-    else:
-        with fake_mode_of(*node.all_input_nodes):
-            node.meta["val"] = node.target(*args, **kwargs)
-    node.meta.pop("tensor_meta", None)
-    refresh_eager_input_vals(node)
-
-
 def apply(graph: fx.Graph, action: SequenceParallelPlan, options=None) -> fx.Node | None:
     """Rewrite the whole graph as planned; returns the last reduce-scatter (None: plan stale)."""
     if not isinstance(action, SequenceParallelPlan) or any(ar.start.graph is not graph for ar in action.all_reduces):
         return None
-    region = set(action.region)
-    rows = _row_nodes(graph, action)
+    region, coll = set(action.region), action.collectives
+    first = _graph_order([ar.x for ar in action.all_reduces] + list(action.replicated))[0]
+    rows = row_nodes(graph, action.rows, action.world_size, first)
     local: dict[fx.Node, fx.Node] = {}
     for ar in action.all_reduces:
         with graph.inserting_before(ar.start):
-            local[ar.out] = _reduce_scatter(graph, action, _padded(graph, ar.x, rows))
+            local[ar.out] = reduce_scatter(graph, coll, padded(graph, ar.x, rows))
     for full in action.replicated:
-        anchor = rows.pad if isinstance(rows.pad, fx.Node) and _before(full, rows.pad) else full
+        anchor = rows.pad if isinstance(rows.pad, fx.Node) and comes_before(full, rows.pad) else full
         with graph.inserting_after(anchor):
-            padded = _padded(graph, full, rows)
-        with graph.inserting_after(padded):
-            local[full] = call(
-                graph,
-                torch.ops.mxfuse.sp_local_rows.default,
-                (padded, action.world_size, action.group_name),
-                {"vllm": action.family == "vllm"},
-            )
+            full_rows = padded(graph, full, rows)
+        with graph.inserting_after(full_rows):
+            args, flags = (full_rows, action.world_size, action.group_name), {"vllm": action.family == "vllm"}
+            local[full] = call(graph, torch.ops.mxfuse.sp_local_rows.default, args, flags)
     for node in action.region:
         for old, new in local.items():
             if old in node.all_input_nodes:
                 node.replace_input_with(old, new)
-        _refresh(node)
+        refresh(node)
     sources = [(ar.out, local[ar.out]) for ar in action.all_reduces] + [(n, n) for n in action.region]
     for full_node, local_node in sources:
         outside = _outside_users(full_node, region)
@@ -465,44 +294,34 @@ def apply(graph: fx.Graph, action: SequenceParallelPlan, options=None) -> fx.Nod
     return local[action.all_reduces[-1].out]
 
 
-def _before(a: fx.Node, b: fx.Node) -> bool:
-    """Whether `a` comes before `b` in the graph."""
-    for node in a.graph.nodes:
-        if node is a:
-            return True
-        if node is b:
-            return False
-    return False
-
-
-def _gather_for(graph, action, rows: _Rows, full_node, local_node, users) -> None:
+def _gather_for(graph, action, rows: Rows, full_node, local_node, users) -> None:
     """All-gather `local_node` for `users` (which read `full_node`); cut padding rows back off."""
     with graph.inserting_after(local_node):
-        gathered = _all_gather(graph, action, local_node)
-    cut = None
+        gathered = all_gather(graph, action.collectives, local_node)
+    cut_rows = None
     for user in users:
         quant = match_quant(user) if action.pad else None
         if quant is not None and quant.x is full_node:
             _quant_on_padded(graph, quant.node, full_node, gathered, rows)
             continue
-        if action.pad and cut is None:
+        if action.pad and cut_rows is None:
             with graph.inserting_after(gathered):
-                cut = _cut(graph, gathered, rows)
-        user.replace_input_with(full_node, cut if action.pad else gathered)
+                cut_rows = cut(graph, gathered, rows)
+        user.replace_input_with(full_node, cut_rows if action.pad else gathered)
         refresh_eager_input_vals(user)
 
 
-def _quant_on_padded(graph, quant: fx.Node, full_node, gathered, rows: _Rows) -> None:
+def _quant_on_padded(graph, quant: fx.Node, full_node, gathered, rows: Rows) -> None:
     """The quant reads the padded gather (so sp_gather still sees norm -> gather -> quant);
     its codes and row-major scales are cut back to T rows (each row's scales are its own)."""
     quant.replace_input_with(full_node, gathered)
-    _refresh(quant)
+    refresh(quant)
     for outputs in getitem_users(quant).values():
         for out in outputs:
-            _refresh(out)
+            refresh(out)
             with graph.inserting_after(out):
-                cut = _cut(graph, out, rows)
-            redirect_uses(out, cut, keep=lambda user, cut=cut: user is cut)
+                out_rows = cut(graph, out, rows)
+            redirect_uses(out, out_rows, keep=lambda user, out_rows=out_rows: user is out_rows)
 
 
 class SequenceParallelRewrite:
