@@ -87,13 +87,18 @@ def row_shard(linear: MXFP8Linear, rank: int, world: int) -> MXFP8Linear:
     return _linear(codes, scales)
 
 
+NormLayer = Callable[[GemmaNorm], nn.Module]
+
+
 class TPDecoderLayer(nn.Module):
-    def __init__(self, full: DecoderLayer, rank: int, world: int, all_reduce: Callable[[Tensor], Tensor]):
+    def __init__(
+        self, full: DecoderLayer, rank: int, world: int, all_reduce: Callable[[Tensor], Tensor], norm: NormLayer
+    ):
         super().__init__()
         c = full.config
         self.config = shard_config(c, world)
         self.all_reduce = all_reduce
-        self.input_norm, self.post_attention_norm = full.input_norm, full.post_attention_norm
+        self.input_norm, self.post_attention_norm = norm(full.input_norm), norm(full.post_attention_norm)
         self.qkv_proj = column_shard(full.qkv_proj, [c.q_size, c.kv_size, c.kv_size], rank, world)
         self.o_proj = row_shard(full.o_proj, rank, world)
         self.gate_up_proj = column_shard(full.gate_up_proj, [c.intermediate, c.intermediate], rank, world)
@@ -116,7 +121,10 @@ class TPDecoderLayer(nn.Module):
 
 class TPModel(nn.Module):
     """Rank `rank` of `world` of the reference model: ids `[T]` (all rows, every rank) -> `[T, hidden]`
-    (or logits `[T, vocab]` with `lm_head=True`)."""
+    (or logits `[T, vocab]` with `lm_head=True`).
+
+    `norm` maps each of the full model's Gemma norms to the layer used (default: itself);
+    e.g. to vLLM's `GemmaRMSNorm` with the same weight, which emits vLLM's IR norm ops."""
 
     def __init__(
         self,
@@ -126,13 +134,15 @@ class TPModel(nn.Module):
         all_reduce: Callable[[Tensor], Tensor],
         lm_head: bool = True,
         full: Model | None = None,
+        norm: NormLayer | None = None,
     ):
         super().__init__()
         full = full if full is not None else Model(config)
         self.config = config
         self.embed = full.embed
-        self.layers = nn.ModuleList(TPDecoderLayer(layer, rank, world, all_reduce) for layer in full.layers)
-        self.norm: GemmaNorm = full.norm
+        norm = norm or (lambda layer: layer)
+        self.layers = nn.ModuleList(TPDecoderLayer(layer, rank, world, all_reduce, norm) for layer in full.layers)
+        self.norm = norm(full.norm)
         self.lm_head = None
         if lm_head:
             gen = torch.Generator(device="cpu").manual_seed(config.seed + 7)

@@ -453,6 +453,7 @@ def _compile_runs(model, ids: dict, options) -> dict:
         "failed": capture.report.failed,
         "skipped": [s for s in capture.report.skipped if s[0] == sp.NAME],
         "collectives": sorted(t for t in capture.targets if "reduce" in t or "gather" in t or "sp_local" in t),
+        "ir_norms": sum(t.startswith("vllm_ir.") for t in capture.targets),
     }
 
 
@@ -476,7 +477,7 @@ def _first_reduction(model, ids, world, all_reduce, reduce_scatter) -> dict:
     }
 
 
-def _sp_checks(model, world, modes, all_reduce, reduce_scatter) -> dict:
+def _sp_checks(model, world, modes, all_reduce, reduce_scatter, fuse_norm_quant=True) -> dict:
     ids = {n: example_inputs(DIST_CONFIG, n, seed=n) for n in TOKENS}  # every rank holds every row
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in TOKENS}  # the all-reduce program
@@ -485,7 +486,8 @@ def _sp_checks(model, world, modes, all_reduce, reduce_scatter) -> dict:
     }
     outs = {}
     for mode in modes:
-        run = _compile_runs(model, ids, PassOptions(sequence_parallel=True, sp_gather=mode))
+        options = PassOptions(sequence_parallel=True, sp_gather=mode, fuse_norm_quant=fuse_norm_quant)
+        run = _compile_runs(model, ids, options)
         outs[mode] = run.pop("outs")  # tensors stay in the rank process
         run["same_as_eager"] = {n: torch.equal(bits(outs[mode][n]), bits(eager[n])) for n in TOKENS}
         run["rel_l2"] = {
@@ -546,10 +548,20 @@ def _skipped_graph_runs(group) -> dict:
     return {"skips": skips, "same": all(torch.equal(bits(a), bits(b)) for a, b in zip(out, want))}
 
 
+def _vllm_gemma_norm(norm):
+    """vLLM's own GemmaRMSNorm layer with the reference norm's weight (it emits vLLM's IR norm ops)."""
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+    layer = GemmaRMSNorm(norm.w.shape[0], eps=norm.eps)
+    layer.weight.data.copy_(norm.w.float())
+    return layer
+
+
 def _vllm_rank_body(rank: int, world: int, port: int) -> dict:
     """vLLM's TP group on gloo (as tests/test_sp_vllm.py stands it up), driving the TP model through
-    `torch.ops.vllm.all_reduce`: the rewrite emits vLLM's reduce_scatter / all_gather and reads the
-    rank from vLLM's group at run time."""
+    `torch.ops.vllm.all_reduce` and vLLM's `GemmaRMSNorm` layers (vLLM's linear layers are not used:
+    the model's MXFP8 linears are mxfuse's). The rewrite emits vLLM's reduce_scatter / all_gather,
+    keeps vLLM's IR norms on the local rows, and reads the rank from vLLM's group at run time."""
     import vllm.model_executor.layers.quantization.utils.mxfp8_utils  # noqa: F401  (vllm.mxfp8_quantize)
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
@@ -561,13 +573,14 @@ def _vllm_rank_body(rank: int, world: int, port: int) -> dict:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
         c10d_results = _c10d_checks(rank, world)  # the same processes serve the c10d family (torch's world group)
         name = parallel_state.get_tp_group().unique_name
-        model = TPModel(DIST_CONFIG, rank, world, vllm_all_reduce(name))
+        model = TPModel(DIST_CONFIG, rank, world, vllm_all_reduce(name), norm=_vllm_gemma_norm)
         results = _sp_checks(
             model,
             world,
-            ("mxfp8",),
+            ("bf16",),
             lambda x: torch.ops.vllm.all_reduce(x, name),
             lambda x: torch.ops.vllm.reduce_scatter(x, 0, world, name),
+            fuse_norm_quant=False,  # keep vLLM's IR norms: the fused mxfuse kernel is not bitwise vLLM's norm
         )
         parallel_state.destroy_model_parallel()
         parallel_state.destroy_distributed_environment()
@@ -633,5 +646,6 @@ def test_sp_rewrite_on_vllm_tp_group(vllm_and_gloo2_reports):
     pytest.importorskip("vllm")
     for rank, both in vllm_and_gloo2_reports.items():
         results = both["vllm"]
-        _assert_sp_run(rank, results, "mxfp8", "vllm", 2)
-        assert any("vllm.reduce_scatter" in t for t in results["mxfp8"]["collectives"]), results["mxfp8"]
+        _assert_sp_run(rank, results, "bf16", "vllm", 2)
+        assert results["bf16"]["ir_norms"] == 2 * DIST_CONFIG.n_layers + 1, results["bf16"]  # all kept, on local rows
+        assert any("vllm.reduce_scatter" in t for t in results["bf16"]["collectives"]), results["bf16"]
