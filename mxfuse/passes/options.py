@@ -29,6 +29,9 @@ class PassOptions:
     sp_gather: rewrite 2, where quantization goes around a sequence-parallel all-gather:
         "bf16" gathers bf16 and quantizes after; "mxfp8" quantizes the local rows
         (fused) and gathers one packed byte buffer; "auto" picks "mxfp8" when exact.
+    sequence_parallel: rewrite tensor-parallel all-reduce -> Gemma norm chains into
+        reduce-scatter -> norm on the local rows -> all-gather (off by default: it changes
+        the order of the sum; see docs/sp_notes.md).
     dump_dir: write each graph before and after the passes there (None: no dump).
     strict: raise an exception from inside the pass instead of rolling back and logging
         it (for tests and debugging: a bug cannot hide behind the rollback).
@@ -36,11 +39,12 @@ class PassOptions:
 
     fuse_norm_quant: bool = True
     sp_gather: Literal["auto", "bf16", "mxfp8"] = "auto"
+    sequence_parallel: bool = False
     dump_dir: str | None = field(default=None, metadata=_NOT_IN_CACHE_KEY)
     strict: bool = field(default=False, metadata=_NOT_IN_CACHE_KEY)
 
     def __post_init__(self):
-        for name in ("fuse_norm_quant", "strict"):
+        for name in ("fuse_norm_quant", "sequence_parallel", "strict"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"mxfuse option {name} must be a bool, got {getattr(self, name)!r}")
         if self.sp_gather not in SP_GATHER_MODES:

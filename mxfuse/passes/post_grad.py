@@ -1,6 +1,8 @@
 """The mxfuse post-grad pass: runs the rewrites, counts, logs, dumps, and never half-applies.
 
-Order: rewrite 2 (quantization around the SP all-gather) first, so that rewrite 1
+Order: with `sequence_parallel=True`, the sequence-parallel rewrite first (it turns
+all-reduce -> norm into reduce-scatter -> local norm -> all-gather); then rewrite 2
+(quantization around the SP all-gather), so that rewrite 1
 (norm -> quant fusion) sees the graph it leaves. Each rewrite plans without touching
 the graph, then applies one site at a time. A site whose rewrite raises is restored
 (its own :class:`GraphTransaction`) and reported as skipped with
@@ -39,7 +41,11 @@ def rewrites() -> list[Rewrite]:
     from mxfuse.patterns.norm_quant import NormQuant
     from mxfuse.patterns.sp_gather import SpGather
 
-    return [SpGather(), NormQuant()]
+    from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
+
+    # sequence_parallel first (a no-op unless the option is on): it emits the
+    # norm -> all_gather -> quant shape that sp_gather then places
+    return [SequenceParallelRewrite(), SpGather(), NormQuant()]
 
 
 def run(graph: fx.Graph, options: PassOptions) -> PassReport:
