@@ -86,6 +86,21 @@ def _empty_y(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
+def _runtime_eps(op: str, eps: float, eps_tensor: Tensor | None) -> float | Tensor:
+    """The eps to use: `eps_tensor` (a 0-d float tensor on the host, e.g. the graph input
+    `torch.compile(dynamic=True)` makes of a float attribute) when given, else `eps`."""
+    if eps_tensor is None:
+        return eps
+    if eps_tensor.dim() != 0 or not eps_tensor.is_floating_point() or eps_tensor.device.type != "cpu":
+        _fail(op, f"eps_tensor {_describe(eps_tensor)} must be a 0-d floating-point tensor on the cpu")
+    return eps_tensor.float()
+
+
+def _host_eps(eps: float | Tensor) -> float:
+    """A Python float for the Triton launch (a host tensor: no device sync)."""
+    return float(eps)
+
+
 # ---------------------------------------------------------------- gemma_rmsnorm
 
 
@@ -174,15 +189,23 @@ def _layout(scales: Tensor, lead, k: int, swizzled: bool) -> Tensor:
 
 @torch.library.custom_op("mxfuse::gemma_rmsnorm_mxfp8", mutates_args=())
 def gemma_rmsnorm_mxfp8(
-    x: Tensor, weight: Tensor, eps: float, swizzled: bool = False, emit_y: bool = False, weight_offset: float = 1.0
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    weight_offset: float = 1.0,
+    eps_tensor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gemma norm and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
 
     Bitwise equal to `mxfp8_quantize(gemma_rmsnorm(x, weight, eps), swizzled)`.
     `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
-    when the graph already holds `1 + w`).
+    when the graph already holds `1 + w`). `eps_tensor` (0-d, on the host) replaces `eps`
+    when given: an eps only known at run time.
     """
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    eps = _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
     y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
     codes, scales = reference.quantize_rows(y)
     return (
@@ -193,8 +216,9 @@ def gemma_rmsnorm_mxfp8(
 
 
 @gemma_rmsnorm_mxfp8.register_fake
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, eps_tensor=None):
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
     return (
         x.new_empty(x.shape, dtype=FP8),
         x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
@@ -203,10 +227,11 @@ def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
 
 
 @gemma_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, eps_tensor=None):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight)
+    eps = _host_eps(_runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor))
     codes, scales, _, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset
     )
@@ -230,15 +255,18 @@ def gemma_fused_add_rmsnorm_mxfp8(
     emit_y: bool = False,
     round_sum: bool = False,
     weight_offset: float = 1.0,
+    eps_tensor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residual add, Gemma norm and MXFP8 quant in one pass: `(codes, scales, residual_out, y)`.
 
     Bitwise equal to quantizing `gemma_fused_add_rmsnorm`'s y. `round_sum=True`
     normalizes the dtype-rounded sum instead of the fp32 sum: the order of a
-    Hugging Face layer (`residual + hidden` in bf16, then the norm).
+    Hugging Face layer (`residual + hidden` in bf16, then the norm). `eps_tensor` as in
+    `gemma_rmsnorm_mxfp8`.
     """
     op = "gemma_fused_add_rmsnorm_mxfp8"
     k = _check_norm(op, x, weight, residual)
+    eps = _runtime_eps(op, eps, eps_tensor)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
     codes, scales = reference.quantize_rows(y)
     return (
@@ -250,8 +278,9 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, eps_tensor=None):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    _runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor)
     return (
         x.new_empty(x.shape, dtype=FP8),
         x.new_empty(_scales_shape(x.shape[:-1], k, swizzled), dtype=torch.uint8),
@@ -261,10 +290,11 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, eps_tensor=None):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual)
+    eps = _host_eps(_runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor))
     codes, scales, res, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k),
         _rows(residual, k),
