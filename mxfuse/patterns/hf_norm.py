@@ -183,6 +183,13 @@ def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
                 return inner, 1.0, None
             text = f"the weight multiplier is `{offset:g} + w`, not Gemma's `1 + w`"
             return inner, offset, Reason(SkipCode.NORM_ARITHMETIC, text)
+        scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
+        if len(scalars) == 1:
+            text = (
+                f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
+                "makes a float that is not a literal a graph input); the fused op takes a constant offset"
+            )
+            return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
     if m.op == "get_attr":
         return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
