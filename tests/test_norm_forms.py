@@ -159,6 +159,22 @@ def test_frozen_multiplier_constant_fuses_with_offset_zero():
         assert_bitwise(after(*args), before(*args))
 
 
+def test_one_plus_w_rounded_in_the_model_dtype_is_the_weight_itself():
+    """`x.float() * (1 + w)` with bf16 `1 + w`: the multiply promotes the rounded sum; offset 0.0."""
+
+    def fn(h, w):
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (*mx.mxfp8_quantize((x * (1.0 + w)).type_as(h)), *mx.mxfp8_quantize((x * (1.0 + w).float()).type_as(h)))
+
+    args = (data(6, K, seed=11), gemma_weight())
+    before, after, report = run_pass(fn, *args)
+    assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 2}
+    assert after.code.count("weight_offset = 0.0") == 2
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
+
+
 def test_runtime_eps_tensor_is_an_operand_of_the_fused_op():
     """dynamic=True makes eps a 0-d float64 graph input (tensorified Python float)."""
 
@@ -184,6 +200,11 @@ def llama_fp32(h, w, eps):
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()).type_as(h)
 
 
+def llama_promoted(h, w, eps):
+    x = h.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w).type_as(h)  # bf16 w promoted
+
+
 def two_plus_w(h, w, eps):
     x = h.float()
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (2.0 + w.float())).type_as(h)
@@ -197,6 +218,7 @@ def fp32_sum_read_twice(h, w, eps):
 
 LOOK_ALIKES = [
     (llama_fp32, SkipCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
+    (llama_promoted, SkipCode.NORM_ARITHMETIC, "Llama-style"),
     (two_plus_w, SkipCode.NORM_ARITHMETIC, "`2 + w`"),
     (fp32_sum_read_twice, SkipCode.NORM_ARITHMETIC, "also read in fp32"),
 ]

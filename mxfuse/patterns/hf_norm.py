@@ -10,7 +10,8 @@ Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
   is folded in with `round_sum=True`: Gemma 3 / MiniMax-M3 layers), or
   `s32 = x.float() + residual.float()` (the residual add in fp32: the fused op's own order);
 - `M = w.float() + 1.0` (or `1.0 + w`, `w` bf16/fp16 or an fp32 parameter): weight `w`,
-  offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0.
+  offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0;
+  or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0.
 
 Every one of these computes what the fused op computes up to the reduction order (the
 foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier
@@ -48,9 +49,14 @@ def match_hf(y: fx.Node, make_match):
         return None
     s32, eps = stats
     source = _norm_input(s32, y.args[1], {y, product, normed})
-    if source is None or not _is_f32(multiplier):
+    if source is None or fake(multiplier) is None:
         return None
-    weight, offset, weight_difference = _multiplier(multiplier)
+    if _is_f32(multiplier):
+        weight, offset, weight_difference = _multiplier(multiplier)
+    elif fake(multiplier).dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
+        weight, offset, weight_difference = _model_dtype_multiplier(multiplier)
+    else:
+        return None
     return make_match(
         form="hf",
         eps=eps,
@@ -171,6 +177,16 @@ def _is_same_dtype_add(node, dtype: torch.dtype) -> bool:
     return a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype == dtype
 
 
+def _model_dtype_multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
+    """A bf16/fp16 multiplier: `(1 + w)` rounded in the model dtype is the fused op's weight as it is
+    (offset 0.0: the op adds nothing to it); anything else is a Llama-style weight."""
+    one_plus = is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2
+    if one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args):
+        return m, 0.0, None
+    text = f"the weight multiplier is `{m.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
+    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+
+
 def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
     """`(weight, offset, difference)` with the norm's multiplier = `weight.f32 + offset`."""
     if is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2:
@@ -193,5 +209,7 @@ def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
     if m.op == "get_attr":
         return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
+    if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
+        return _model_dtype_multiplier(inner)  # `(1 + w).float()`: the cast is exact
     text = f"the weight multiplier is `{inner.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
     return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
