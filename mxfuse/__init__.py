@@ -20,7 +20,7 @@ import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 from mxfuse.passes import MxfusePass, PassOptions
 
 __version__ = "0.1.0"
-__all__ = ["MxfusePass", "PassOptions", "post_grad_pass"]
+__all__ = ["MxfusePass", "PassOptions", "explain", "post_grad_pass"]
 
 _VLLM_PASS_MODULE = "vllm.compilation.passes.inductor_pass"
 
@@ -50,6 +50,17 @@ def post_grad_pass(
     """
     given = {"fuse_norm_quant": fuse_norm_quant, "sp_gather": sp_gather, "dump_dir": dump_dir, "strict": strict}
     return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
+
+
+def explain(module, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None):
+    """Compile `module` with the passes, run it once, and return why each Gemma norm did or did not fuse.
+
+    Returns a :class:`mxfuse.passes.explain.Explanation` (its `verdicts`: node, norm kind,
+    fused, the reason as a `SkipCode` and as text, the fix, module path and source line).
+    """
+    from mxfuse.passes.explain import explain_module
+
+    return explain_module(module, *example_inputs, options=options, dynamic=dynamic)
 
 
 def _bind_vllm_pass():

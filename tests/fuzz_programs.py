@@ -45,10 +45,10 @@ class Block:
             category = "packed_fused" if options.fuse_norm_quant else "packed"
         if dtype == torch.float32 or k % 32 or not self.quants:
             return category, MUST_NOT
-        if self.form in LOOKALIKES:
+        if self.form in LOOKALIKES and not (self.form == "eps_tensor" and not self.gathered):
             # never fused; a gathered one recognized as a norm but refused (weight shape, eps tensor)
             # may still have its quant packed before the gather (exact either way)
-            recognized = self.form in ("w_1", "w_1k", "eps_tensor")
+            recognized = self.form in ("w_1", "w_1k", "eps_tensor", "llama_w", "two_plus_w")
             return "packed", MAY if self.gathered and recognized and options.sp_gather != "bf16" else MUST_NOT
         if category == "fused" and not options.fuse_norm_quant or self.gathered and options.sp_gather == "bf16":
             return category, MUST_NOT

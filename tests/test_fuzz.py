@@ -124,12 +124,17 @@ def check_traced(program: Program, options_list: list[PassOptions], seed: int, c
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="mxfuse"):
             report = post_grad.run(gm.graph, options)
-        assert not [r for r in caplog.records if r.name.startswith("mxfuse")], caplog.text
+        assert not [r for r in caplog.records if _is_pass_failure(r)], caplog.text
         gm.recompile()
         assert_report_is_real(report, gm.graph, program, options)
         with torch.no_grad():
             for m, args in runs.items():
                 assert_outputs(simulate(gm, *args), expected[m], foreign)
+
+
+def _is_pass_failure(record: logging.LogRecord) -> bool:
+    """A warning of the pass other than the one that explains look-alikes left unfused (by design)."""
+    return record.name.startswith("mxfuse") and "not fused in this graph" not in record.getMessage()
 
 
 def _vllm_available() -> bool:
@@ -206,6 +211,6 @@ def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
                 outs[name].append(compiled(args[0], args[1], *args[2::2]))
             if opts is not None:
                 assert_report_is_real(capture.report, capture.graph, program, options)
-    assert not [r for r in caplog.records if r.name.startswith("mxfuse")], caplog.text
+    assert not [r for r in caplog.records if _is_pass_failure(r)], caplog.text
     for with_pass, without in zip(outs["with"], outs["without"]):
         assert_outputs(with_pass, without, module.foreign)

@@ -31,9 +31,10 @@ Replaced in the fixture, because they cannot run without CUDA (nothing else is):
 - `current_platform.current_device`: None on vLLM's `UnspecifiedPlatform` (what vLLM's CUDA wheel
   detects without a GPU); Qwen's gated-delta-net layer asks it where to put its gated norm: CPU.
 
-Two cases are expected not to fuse yet (xfail, strict): vLLM's Transformers backend (a reshape
-between norm and quant) and vLLM's TRT-LLM MXFP8 linear (the 8x4 quant spelling). Their reasons
-name the exact graph shape; docs/applicability.md has the table these cases produce.
+vLLM's Transformers backend keeps activations 3-D (`rms_norm(x [1, T, K]) -> reshape(y, [-1, K])
+-> mxfp8_quantize`): the pass sees through the reshape and fuses. One case is expected not to fuse
+(xfail, strict): vLLM's TRT-LLM MXFP8 linear (the 8x4 quant spelling, whose scale rule is not
+mxfuse's; see NOT_RECOGNIZED_8X4). docs/applicability.md has the table these cases produce.
 """
 
 from __future__ import annotations
@@ -482,11 +483,6 @@ TRANSFORMERS_BACKEND = Case(
     " plain norms (the HF code adds the residual itself)",
     model_impl="transformers",
 )
-VIEW_BETWEEN = (
-    "vLLM's Transformers backend keeps the HF activations 3-D: every site is vllm_ir.rms_norm(x [1, T, K],"
-    " w.float() + 1, eps) -> aten.reshape.default(y, [-1, K]) -> vllm.mxfp8_quantize(., True); mxfuse skips"
-    " the norm ('no MXFP8 quant reads its output'): it does not see through the reshape (issue 14, point 1)"
-)
 TRTLLM_8X4 = Case(
     "gemma3_trtllm",
     ("gemma3",),
@@ -505,9 +501,11 @@ TRTLLM_8X4 = Case(
     kernel="FlashInferTrtllmMxfp8LinearKernel",
 )
 NOT_RECOGNIZED_8X4 = (
-    "mxfuse has no recognizer for vllm.flashinfer_mxfp8_quantize_8x4 (vLLM's TRT-LLM MXFP8 linear,"
-    " selected with KernelConfig.linear_backend='flashinfer_trtllm'): its scales are 8x4-swizzled"
-    " (mxfuse/ops/layout_8x4.py); the sites are found but none fuses"
+    "mxfuse does not replace vllm.flashinfer_mxfp8_quantize_8x4 (vLLM's TRT-LLM MXFP8 linear, selected"
+    " with KernelConfig.linear_backend='flashinfer_trtllm'): its 8x4 layout is known exactly"
+    " (mxfuse/ops/layout_8x4.py) but its scale rule is not the E8M0 rule of the fused op (an approximate"
+    " 1/448, rounding toward +inf, codes clamped to +-448, NaN -> 448), and its bits can only be checked"
+    " on sm_100; the sites are found but none fuses"
 )
 
 
@@ -515,9 +513,7 @@ NOT_RECOGNIZED_8X4 = (
     "case",
     [
         *CASES,
-        pytest.param(
-            TRANSFORMERS_BACKEND, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=VIEW_BETWEEN)
-        ),
+        TRANSFORMERS_BACKEND,
         pytest.param(
             TRTLLM_8X4, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_RECOGNIZED_8X4)
         ),

@@ -87,6 +87,21 @@ def _empty_y(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
+def _runtime_eps(op: str, eps: float, eps_tensor: Tensor | None) -> float | Tensor:
+    """The eps to use: `eps_tensor` (a 0-d float tensor on the host, e.g. the graph input
+    `torch.compile(dynamic=True)` makes of a float attribute) when given, else `eps`."""
+    if eps_tensor is None:
+        return eps
+    if eps_tensor.dim() != 0 or not eps_tensor.is_floating_point() or eps_tensor.device.type != "cpu":
+        _fail(op, f"eps_tensor {_describe(eps_tensor)} must be a 0-d floating-point tensor on the cpu")
+    return eps_tensor.float()
+
+
+def _host_eps(eps: float | Tensor) -> float:
+    """A Python float for the Triton launch (a host tensor: no device sync)."""
+    return float(eps)
+
+
 # ---------------------------------------------------------------- gemma_rmsnorm
 
 
@@ -187,15 +202,18 @@ def gemma_rmsnorm_mxfp8(
     emit_y: bool = False,
     weight_offset: float = 1.0,
     rule: int = 0,
+    eps_tensor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gemma norm and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
 
     Bitwise equal to `mxfp8_quantize(gemma_rmsnorm(x, weight, eps), swizzled)`.
     `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
-    when the graph already holds `1 + w`). `rule`: as in `mxfp8_quantize`.
+    when the graph already holds `1 + w`). `eps_tensor` (0-d, on the host) replaces `eps`
+    when given: an eps only known at run time. `rule`: as in `mxfp8_quantize`.
     """
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
+    eps = _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
     y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
     codes, scales = reference.quantize_rows(y, rule)
     return (
@@ -206,9 +224,10 @@ def gemma_rmsnorm_mxfp8(
 
 
 @gemma_rmsnorm_mxfp8.register_fake
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None):
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     _check_rule("gemma_rmsnorm_mxfp8", rule)
+    _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
     return (
         x.new_empty(x.shape, dtype=FP8_DTYPE),
         x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
@@ -217,11 +236,12 @@ def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0):
 
 
 @gemma_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
+    eps = _host_eps(_runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor))
     codes, scales, _, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset, rule=rule
     )
@@ -246,16 +266,20 @@ def gemma_fused_add_rmsnorm_mxfp8(
     round_sum: bool = False,
     weight_offset: float = 1.0,
     rule: int = 0,
+    eps_tensor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residual add, Gemma norm and MXFP8 quant in one pass: `(codes, scales, residual_out, y)`.
 
     Bitwise equal to quantizing `gemma_fused_add_rmsnorm`'s y. `round_sum=True`
     normalizes the dtype-rounded sum instead of the fp32 sum: the order of a
-    Hugging Face layer (`residual + hidden` in bf16, then the norm). `rule`: as in `mxfp8_quantize`.
+    Hugging Face layer (`residual + hidden` in bf16, then the norm). `eps_tensor` as in
+    `gemma_rmsnorm_mxfp8`. `rule`: as in
+    `mxfp8_quantize`.
     """
     op = "gemma_fused_add_rmsnorm_mxfp8"
     k = _check_norm(op, x, weight, residual, eps=eps)
     rule = _check_rule(op, rule)
+    eps = _runtime_eps(op, eps, eps_tensor)
     y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
     codes, scales = reference.quantize_rows(y, rule)
     return (
@@ -267,9 +291,10 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
+    _runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor)
     return (
         x.new_empty(x.shape, dtype=FP8_DTYPE),
         x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
@@ -279,11 +304,12 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0):
+def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     rule = _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
+    eps = _host_eps(_runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor))
     codes, scales, res, y = triton_norm_quant.fused_norm_quant(
         _rows(x, k),
         _rows(residual, k),

@@ -136,18 +136,27 @@ def unswizzle_scales(swizzled: Tensor, m: int, s: int) -> Tensor:
     return tiles.permute(0, 3, 2, 1, 4).reshape(padded_m, padded_s)[:m, :s]
 
 
-def gemma_norm_rows(s: Tensor, weight: Tensor, eps: float, dtype: torch.dtype, weight_offset: float = 1.0) -> Tensor:
-    """`(s * rsqrt(mean(s*s) + eps) * (weight.f32 + offset)).to(dtype)` for fp32 rows `s`."""
+def gemma_norm_rows(
+    s: Tensor, weight: Tensor, eps: float | Tensor, dtype: torch.dtype, weight_offset: float = 1.0
+) -> Tensor:
+    """`(s * rsqrt(mean(s*s) + eps) * (weight.f32 + offset)).to(dtype)` for fp32 rows `s`.
+
+    eps may be a 0-d fp32 tensor (a runtime eps): the same fp32 add as a Python float."""
     variance = (s * s).mean(dim=-1, keepdim=True)
     return (s * torch.rsqrt(variance + eps) * (weight.float() + weight_offset)).to(dtype)
 
 
-def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) -> Tensor:
+def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float | Tensor, weight_offset: float = 1.0) -> Tensor:
     return gemma_norm_rows(x.float(), weight, eps, x.dtype, weight_offset)
 
 
 def gemma_fused_add_rmsnorm(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, round_sum: bool = False, weight_offset: float = 1.0
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float | Tensor,
+    round_sum: bool = False,
+    weight_offset: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Residual add then norm. `round_sum` normalizes the dtype-rounded sum (Hugging Face order)."""
     s = x.float() + residual.float()

@@ -15,7 +15,9 @@ never from a second copy of its rules:
 :func:`explain` runs the pass on a copy of the graph; :func:`explain_run` explains a
 run that already happened (the graph before, the graph after and the report), which
 is what a pass hook does. Both log each verdict to the ``mxfuse`` logger at debug
-level and emit an ``mxfuse_explain`` artifact for tlparse.
+level and emit an ``mxfuse_explain`` artifact for tlparse. :func:`explain_module` (the
+public ``mxfuse.explain``) compiles a user's module once and returns the verdicts of
+every graph it compiled.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import json
 import logging
 import operator
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport
@@ -49,6 +53,8 @@ class Verdict:
     module: str | None  # the nn.Module path, e.g. "layers.0.input_norm"
     source: str | None  # last frame of the node's stack trace: "models.py:204 in forward"
     source_line: str | None  # the code on that line
+    code: SkipCode | None = None  # not fused: why, as data (None: fused, or no rewrite recorded one)
+    fix: str | None = None  # not fused: the change that would make it fuse, where there is a simple one
 
     def line(self) -> str:
         where = " ".join(filter(None, (self.module, f"({self.source})" if self.source else None)))
@@ -106,8 +112,9 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
                 detail, rewrite = _other_rewrite_kind(norm.kind, report), "sp_gather"
             verdicts.append(Verdict(norm.y.name, norm.kind, True, detail, rewrite, module, source, code))
             continue
-        rewrite, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
-        verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code))
+        rewrite, why, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
+        fix = norm_quant.FIXES.get(why) if why is not None else None
+        verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code, why, fix))
     _emit(verdicts)
     return verdicts
 
@@ -119,13 +126,15 @@ def _other_rewrite_kind(norm_kind: str, report: PassReport) -> str:
     return " or ".join(kinds) if kinds else "replaced by a rewrite (see the report's matched kinds)"
 
 
-def _reason(norm, skips: list[SkipRecord], report: PassReport, options: PassOptions) -> tuple[str | None, str]:
+def _reason(
+    norm, skips: list[SkipRecord], report: PassReport, options: PassOptions
+) -> tuple[str | None, SkipCode | None, str]:
     if report.failed:
-        return None, f"the pass failed and left the graph unchanged ({report.failed})"
+        return None, None, f"the pass failed and left the graph unchanged ({report.failed})"
     if not skips:
         if not options.fuse_norm_quant:
-            return None, "the option fuse_norm_quant is off"
-        return None, "left unchanged (no rewrite recorded a reason)"
+            return None, None, "the option fuse_norm_quant is off"
+        return None, None, "left unchanged (no rewrite recorded a reason)"
     # a norm whose output is gathered first: rewrite 2 (sp_gather) has the last word
     own = [s for s in skips if s.rewrite == "norm_quant"]
     others = [s for s in skips if s.rewrite != "norm_quant"]
@@ -136,7 +145,7 @@ def _reason(norm, skips: list[SkipRecord], report: PassReport, options: PassOpti
         reason = chosen.reason
     if chosen.code is SkipCode.NO_QUANT and chosen.rewrite == "norm_quant":
         reason += f" (read by: {_readers(norm.y)})"
-    return chosen.rewrite, reason
+    return chosen.rewrite, chosen.code, reason
 
 
 def _readers(node: fx.Node) -> str:
@@ -204,12 +213,17 @@ def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
     its name is a norm form the recognizers do not know (a foreign op).
     """
     from mxfuse.patterns.norms import match_norm
-    from mxfuse.patterns.quants import find_quants
+    from mxfuse.patterns.quants import find_quants, is_row_view
 
     found = []
     for quant in find_quants(graph):
         node = quant.node
-        if not isinstance(quant.x, fx.Node) or match_norm(quant.x) is not None:
+        if not isinstance(quant.x, fx.Node):
+            continue
+        source = quant.x
+        while is_row_view(source):
+            source = source.args[0]
+        if match_norm(source) is not None:
             continue
         producer, via = quant.x, []
         while producer.op == "call_function" and _is_view(producer) and isinstance(producer.args[0], fx.Node):
@@ -231,6 +245,10 @@ def _is_view(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" and target._opname in _VIEW_OPS
 
 
+def _json_value(value) -> str:
+    return value.name if isinstance(value, SkipCode) else str(value)
+
+
 def _emit(verdicts: list[Verdict]) -> None:
     for v in verdicts:
         log.debug("mxfuse explain: %s", v.line())
@@ -240,7 +258,89 @@ def _emit(verdicts: list[Verdict]) -> None:
         trace_structured(
             "artifact",
             metadata_fn=lambda: {"name": "mxfuse_explain", "encoding": "json"},
-            payload_fn=lambda: json.dumps([asdict(v) for v in verdicts]),
+            payload_fn=lambda: json.dumps([asdict(v) for v in verdicts], default=_json_value),
         )
     except Exception:
         log.debug("mxfuse: trace_structured unavailable", exc_info=True)
+
+
+# ------------------------------------------------------------ explain a user's module
+
+
+@dataclass(frozen=True)
+class GraphVerdicts:
+    """What the passes did to one graph the compile produced."""
+
+    verdicts: tuple[Verdict, ...]
+    quant_inputs: tuple[QuantInput, ...]  # MXFP8 quants fed by something other than a Gemma norm
+    report: PassReport
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """`mxfuse.explain`'s answer: per compiled graph, every Gemma norm and why it did or did not fuse."""
+
+    graphs: tuple[GraphVerdicts, ...]
+
+    @property
+    def verdicts(self) -> tuple[Verdict, ...]:
+        return tuple(v for g in self.graphs for v in g.verdicts)
+
+    @property
+    def unfused(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if not v.fused)
+
+    def lines(self) -> list[str]:
+        return [v.line() + (f" (fix: {v.fix})" if v.fix else "") for v in self.verdicts]
+
+
+@dataclass
+class ExplainingPass(CustomGraphPass):
+    """The mxfuse pass, explaining each graph it rewrites (never cached: the verdicts need a run)."""
+
+    options: PassOptions
+    graphs: list[GraphVerdicts] = field(default_factory=list)
+
+    def __call__(self, graph: fx.Graph) -> None:
+        from mxfuse.passes import post_grad
+
+        before = copy_graph(graph)
+        report = post_grad.run(graph, self.options)
+        verdicts = explain_run(before, graph, report, self.options)
+        self.graphs.append(GraphVerdicts(tuple(verdicts), tuple(unmatched_quant_inputs(before)), report))
+
+    def uuid(self) -> None:
+        return None
+
+
+def explain_module(
+    module: Callable, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None
+) -> Explanation:
+    """Compile `module` with the passes, run it once on `example_inputs`, say what fused and why not.
+
+    `options` default to :meth:`PassOptions.from_env`; `dynamic` is torch.compile's. The
+    module's outputs are discarded; it runs under `torch.no_grad()`.
+    """
+    recorder = ExplainingPass(options if options is not None else PassOptions.from_env())
+    compiled = torch.compile(module, dynamic=dynamic, options={"post_grad_custom_post_pass": recorder})
+    with torch.no_grad():
+        compiled(*example_inputs)
+    return Explanation(tuple(recorder.graphs))
+
+
+def load_factory(spec: str) -> tuple[Callable, tuple]:
+    """`(module, example_inputs)` from `"pkg.module:factory"`: the factory returns the module and its
+    inputs, as `(module, (x, ...))` or `(module, x)`. For `mxfuse explain --model pkg.module:factory`."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"mxfuse explain: --model {spec!r} is not of the form pkg.module:factory")
+    factory = importlib.import_module(module_name)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise ValueError(f"mxfuse explain: {spec}() must return (module, example_inputs), got {type(made).__name__}")
+    model, inputs = made
+    return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any
 
 import torch
@@ -146,3 +147,16 @@ def getitem(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
     if node.meta.get("stack_trace"):
         out.meta["stack_trace"] = node.meta["stack_trace"]
     return out
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(?:\s*(.+))?')
+
+
+def source_line(node: fx.Node) -> str | None:
+    """`"models.py:204 in forward: return self.norm(x)"`: the last frame of the node's stack trace."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return None
+    path, line, func, code = frames[-1]
+    where = f"{path.rsplit('/', 1)[-1]}:{line} in {func}"
+    return f"{where}: {code.strip()}" if code.strip() else where

@@ -11,28 +11,55 @@ After::
     q, s, res_out, y = gemma_fused_add_rmsnorm_mxfp8(x, res, w, eps, swizzled, emit_y=<other users>)
 
 The scale layout comes from the quant node. Quants of the same layout share the
-fused outputs; a quant with the other layout keeps reading `y` (then emitted). A
-quant that does not read the norm directly (e.g. across an all-gather) is not
-touched here: that is rewrite 2's business.
+fused outputs; a quant with the other layout keeps reading `y` (then emitted). A quant
+may read `y` through shape-only views that keep rows whole (`y.reshape(-1, K)` of a
+`[batch, seq, K]` model); the fused outputs get the same views (the scales with `K/32`
+as last size), and every other user keeps the shape it had. A quant across an
+all-gather is not touched here: that is rewrite 2's business.
+
+When a norm that feeds an MXFP8 quant is left alone, :meth:`NormQuant.plan` logs ONE
+warning for the graph on the `mxfuse` logger: each such norm's source line, the reason
+and the fix where there is one.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
 
-from mxfuse.patterns.fx_utils import call, getitem, has_live_users, redirect_uses
+from mxfuse.patterns.fx_utils import call, fake, getitem, has_live_users, redirect_uses, source_line
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
-from mxfuse.patterns.quants import QuantMatch, quant_reject_reason, quant_users
+from mxfuse.patterns.quants import (
+    ViewedQuant,
+    quant_behind_other_view,
+    quant_reject_reason,
+    quants_through_views,
+    replay_views,
+)
 from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
 
 if TYPE_CHECKING:
     from mxfuse.passes.options import PassOptions
 
 NAME = "norm_quant"
+log = logging.getLogger("mxfuse")
+
+FIXES = {
+    SkipCode.ACTIVATION_DTYPE: "run the model in bfloat16 or float16",
+    SkipCode.HIDDEN_SIZE: "keep the hidden size static (and a multiple of 32)",
+    SkipCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
+    SkipCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
+    SkipCode.NORM_ARITHMETIC: "compute `(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).to(dtype)` "
+    "as transformers' GemmaRMSNorm does, or call torch.ops.mxfuse.gemma_rmsnorm",
+    SkipCode.VIEW_NOT_ROWS: "quantize a view that keeps rows whole, e.g. `x.reshape(-1, K)`",
+    SkipCode.RESIDUAL_MISMATCH: "give the residual the input's shape and dtype",
+}
+"""The change that makes a norm fuse, per reason (a reason without an entry has no simple fix)."""
+_NOT_WARNED = (SkipCode.NO_QUANT, SkipCode.CROSSES_GATHER)  # nothing to fuse here / rewrite 2 reports it
 
 
 @dataclass(frozen=True)
@@ -40,7 +67,7 @@ class NormQuantFusion:
     """One planned rewrite: a norm and the quants that its fused op replaces."""
 
     norm: NormMatch
-    quants: tuple[QuantMatch, ...]
+    quants: tuple[ViewedQuant, ...]
     swizzled: bool
     emit_y: bool
 
@@ -50,7 +77,7 @@ class NormQuantFusion:
 
     @property
     def replaced(self) -> list[fx.Node]:
-        return [self.norm.y, *(q.node for q in self.quants)]
+        return [self.norm.y, *(q.quant.node for q in self.quants)]
 
     @property
     def kind(self) -> FusionKind:
@@ -62,7 +89,7 @@ class NormQuantFusion:
             packed_gather=False,
             site="norm_quant",
             layout="swizzled" if self.swizzled else "rowmajor",
-            quant_form=self.quants[0].form,
+            quant_form=self.quants[0].quant.form,
         )
 
 
@@ -80,9 +107,15 @@ class NormQuant:
         if not options.fuse_norm_quant:
             return []
         planned: list[NormQuantFusion | Skip] = []
+        unfused: list[tuple[NormMatch, Skip]] = []
         for norm in find_norms(graph):
             if not _is_dead(norm):  # else left behind by an earlier rewrite; erased after the pass
                 planned.append(plan_site(NAME, norm.y, norm.kind, options, lambda norm=norm: plan_one(norm)))
+                if isinstance(planned[-1], Skip) and planned[-1].code not in _NOT_WARNED:
+                    unfused.append((norm, planned[-1]))
+        text = warning_text(unfused) if unfused else ""
+        if text:
+            log.warning("%s", text)
         return planned
 
     def apply(self, graph: fx.Graph, fusion: NormQuantFusion, options: PassOptions) -> fx.Node | None:
@@ -98,14 +131,20 @@ class NormQuant:
         norm = fusion.norm
         out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y)
         codes, scales = out["codes"], out["scales"]
-        if fusion.quants[0].flat_swizzled_scales:
+        if fusion.quants[0].quant.flat_swizzled_scales:
             with graph.inserting_after(scales):
                 scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
-        for quant in fusion.quants:
-            _replace(quant.codes, codes)
-            _replace(quant.scales, scales)
+        k = fake(norm.x).shape[-1]
+        for viewed in fusion.quants:
+            quant = viewed.quant
+            with graph.inserting_before(quant.node):  # the views' size operands are defined by now
+                if quant.codes is not None:
+                    _replace(quant.codes, replay_views(graph, viewed.views, codes, k))
+                if quant.scales is not None:
+                    rows = fusion.swizzled  # swizzled scales are 2-D over all rows: no view to replay
+                    _replace(quant.scales, scales if rows else replay_views(graph, viewed.views, scales, k // 32))
         if fusion.emit_y:
-            replaced = {q.node for q in fusion.quants}
+            replaced = {q.quant.node for q in fusion.quants}
             redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
         return out["fused"]
 
@@ -116,19 +155,52 @@ def _is_dead(norm: NormMatch) -> bool:
 
 def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
     """The fusion of one norm with the quants reading it, or why not."""
-    reason = reject_reason(norm)
+    viewed = quants_through_views(norm.y)
+    reason = reject_reason(norm, runtime_eps=True)
     if reason is not None:
         return skip(norm, reason)
-    quants = quant_users(norm.y)
-    if not quants:
+    if not viewed:
         return skip(norm, no_quant_reason(norm))
-    usable = [q for q in quants if quant_reject_reason(q) is None]
+    usable = [v for v in viewed if quant_reject_reason(v.quant) is None]
     if not usable:
-        return skip(norm, quant_reject_reason(quants[0]))
-    chosen = tuple(q for q in usable if q.swizzled == usable[0].swizzled and q.form == usable[0].form)
-    replaced = {q.node for q in chosen}
-    emit_y = any(user not in replaced for user in norm.y.users)
-    return NormQuantFusion(norm, chosen, usable[0].swizzled, emit_y)
+        return skip(norm, quant_reject_reason(viewed[0].quant))
+    first = usable[0].quant
+    chosen = tuple(v for v in usable if v.quant.swizzled == first.swizzled and v.quant.form == first.form)
+    return NormQuantFusion(norm, chosen, first.swizzled, _keeps_other_users(norm.y, chosen))
+
+
+def _keeps_other_users(y: fx.Node, chosen: tuple[ViewedQuant, ...]) -> bool:
+    """Whether anything but the chosen quants (and views read only by them) reads `y`."""
+    consumed = {v.quant.node for v in chosen}
+    views = {view for v in chosen for view in v.views}
+    changed = True
+    while changed:
+        changed = False
+        for view in views - consumed:
+            if all(u in consumed for u in view.users):
+                consumed.add(view)
+                changed = True
+    return any(user not in consumed for user in y.users)
+
+
+def feeds_quant(norm: NormMatch) -> bool:
+    """Whether an MXFP8 quant reads the norm's output, directly or through any view."""
+    return bool(quants_through_views(norm.y)) or quant_behind_other_view(norm.y) is not None
+
+
+def warning_text(unfused: list[tuple[NormMatch, Skip]]) -> str:
+    """The one warning of a graph: each Gemma norm that feeds an MXFP8 quant and was left alone."""
+    lines = []
+    for norm, skipped in unfused:
+        if not feeds_quant(norm):
+            continue
+        where = source_line(norm.y) or source_line(norm.anchor) or "(no source line recorded)"
+        fix = FIXES.get(skipped.code)
+        lines.append(f"  {where} [{norm.kind}]: {skipped.reason}" + (f"; fix: {fix}" if fix else ""))
+    if not lines:
+        return ""
+    head = f"mxfuse: {len(lines)} Gemma norm(s) feeding an MXFP8 quant not fused in this graph:"
+    return "\n".join([head, *lines])
 
 
 def no_quant_reason(norm: NormMatch) -> Reason:
@@ -140,6 +212,14 @@ def no_quant_reason(norm: NormMatch) -> Reason:
                 SkipCode.CROSSES_GATHER,
                 "its output crosses an all-gather before the quant (rewrite 2, sp_gather, decides)",
             )
+    view = quant_behind_other_view(norm.y)
+    if view is not None:
+        shape = tuple(fake(view).shape) if fake(view) is not None else "?"
+        return Reason(
+            SkipCode.VIEW_NOT_ROWS,
+            f"the MXFP8 quant reads its output through {view.name} ({view.target}, shape {shape}), "
+            "a view that does not keep rows [K] whole",
+        )
     return Reason(SkipCode.NO_QUANT, "no MXFP8 quant reads its output")
 
 
@@ -157,12 +237,17 @@ def insert_fused_norm(
     flags = {"emit_y": emit_y, "weight_offset": norm.weight_offset}
     if not packed:
         flags = {"swizzled": swizzled, **flags}
+    eps = norm.eps
+    if isinstance(eps, fx.Node):  # a runtime eps (e.g. dynamic=True): an operand of the unpacked ops
+        if packed:
+            raise ValueError(f"insert_fused_norm: the packed ops take a constant eps, not the tensor {eps.name}")
+        eps, flags["eps_tensor"] = 0.0, eps
     if norm.has_residual:
         op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if packed else mx.gemma_fused_add_rmsnorm_mxfp8
-        args, flags["round_sum"] = (norm.x, norm.residual, norm.weight, norm.eps), norm.round_sum
+        args, flags["round_sum"] = (norm.x, norm.residual, norm.weight, eps), norm.round_sum
     else:
         op = mx.gemma_rmsnorm_mxfp8_packed if packed else mx.gemma_rmsnorm_mxfp8
-        args = (norm.x, norm.weight, norm.eps)
+        args = (norm.x, norm.weight, eps)
     names = (["packed"] if packed else ["codes", "scales"]) + (["residual_out"] if norm.has_residual else []) + ["y"]
     wanted = {"packed", "codes", "scales"}
     wanted |= {"residual_out"} if norm.residual_out is not None else set()

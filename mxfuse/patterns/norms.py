@@ -10,23 +10,26 @@ holding `y` and `residual_out`) or None. Forms:
 - ``vllm_ir``: `vllm_ir::rms_norm` / `fused_add_rms_norm` called with an fp32 weight
   (vLLM's `GemmaRMSNorm` passes `weight.float() + 1.0`);
 - ``hf``: the decomposed ATen of Hugging Face's `GemmaRMSNorm` / `MiniMaxM3VLRMSNorm`,
-  with the `residual + hidden` add in front of it folded in (its sum is rounded to the
-  activation dtype before the norm, so the replacement needs `round_sum=True`).
+  in each spelling of :mod:`mxfuse.patterns.hf_norm`, with a residual add in front of it
+  folded in.
+
+A recognized norm whose arithmetic differs from the fused op's carries that
+`difference`; :func:`reject_reason` returns it first, so it is reported, never fused.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
-from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg, get_arg_value
+from torch._inductor.pattern_matcher import get_arg_value
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
+from mxfuse.patterns.hf_norm import match_hf
 from mxfuse.patterns.results import Reason, SkipCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -40,12 +43,13 @@ class NormMatch:
     x: fx.Node
     residual: fx.Node | None
     weight: fx.Node
-    eps: float | None  # None: eps is not a graph constant (see `reject_reason`)
+    eps: float | fx.Node | None  # a node: a 0-d tensor read at run time; None: unusable (a SymFloat)
     y: fx.Node
     residual_out: fx.Node | None
     anchor: fx.Node  # first node of the norm; replacements are inserted before it
     round_sum: bool = False
     weight_offset: float = 1.0
+    difference: Reason | None = None  # why its arithmetic is not the fused op's (never fused then)
 
     @property
     def has_residual(self) -> bool:
@@ -56,8 +60,14 @@ class NormMatch:
         return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"
 
 
-def reject_reason(norm: NormMatch) -> Reason | None:
-    """Why the fused kernel cannot stand in for this norm (None: it can)."""
+def reject_reason(norm: NormMatch, *, runtime_eps: bool = False) -> Reason | None:
+    """Why the fused kernel cannot stand in for this norm (None: it can).
+
+    `runtime_eps`: the caller's fused op takes eps as a 0-d tensor operand (the
+    unpacked ops do); otherwise an eps that is a graph input is a reason.
+    """
+    if norm.difference is not None:
+        return norm.difference
     x = fake(norm.x)
     if x is None:
         return Reason(SkipCode.NO_SHAPES, "no fake tensor on the norm input (graph not traced with shapes)")
@@ -69,11 +79,9 @@ def reject_reason(norm: NormMatch) -> Reason | None:
     if not statically_known_true(k % 32 == 0):
         text = f"hidden size K={k} is not a multiple of 32" if isinstance(k, int) else f"hidden size {k} is symbolic"
         return Reason(SkipCode.HIDDEN_SIZE, text)
-    if norm.eps is None:
-        return Reason(
-            SkipCode.EPS_NOT_CONSTANT,
-            "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)",
-        )
+    eps_reason = _eps_reason(norm.eps, runtime_eps)
+    if eps_reason is not None:
+        return eps_reason
     w = fake(norm.weight)
     if w is None or w.dim() != 1 or not statically_known_true(w.shape[0] == k):
         return Reason(SkipCode.WEIGHT_SHAPE, f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)")
@@ -83,6 +91,24 @@ def reject_reason(norm: NormMatch) -> Reason | None:
             return Reason(SkipCode.RESIDUAL_MISMATCH, "residual does not match the input in shape and dtype")
     if x.device != w.device:
         return Reason(SkipCode.DEVICE_MISMATCH, f"input on {x.device}, weight on {w.device}")
+    return None
+
+
+def _eps_reason(eps, runtime_eps: bool) -> Reason | None:
+    if isinstance(eps, float):
+        return None
+    what = "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
+    if eps is None:
+        return Reason(SkipCode.EPS_NOT_CONSTANT, what)
+    val = fake(eps)
+    if not runtime_eps:
+        return Reason(SkipCode.EPS_NOT_CONSTANT, f"{what}; this rewrite's fused op takes a constant eps")
+    if val is None or val.dim() != 0 or not val.is_floating_point():
+        shape = None if val is None else tuple(val.shape)
+        return Reason(SkipCode.EPS_NOT_CONSTANT, f"eps is a tensor of shape {shape}, not a 0-d float scalar")
+    if val.device.type != "cpu":
+        text = f"eps is a 0-d tensor on {val.device}; the fused op reads a runtime eps on the host"
+        return Reason(SkipCode.EPS_NOT_CONSTANT, text)
     return None
 
 
@@ -197,59 +223,8 @@ def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
 # ------------------------------------------------------------- Hugging Face ATen
 
 
-def _commuted_mul(a, b, **kw):
-    return [CallFunction(aten.mul.Tensor, a, b, **kw), CallFunction(aten.mul.Tensor, b, a, **kw)]
-
-
-@cache
-def hf_norm_patterns() -> tuple:
-    """Pattern expressions of `(x.f32 * rsqrt(mean(x.f32**2) + eps) * (1 + w.f32)).to(dtype)`.
-
-    Both operand orders of each multiply; eps, dims and the exponent are captured and
-    checked by the recognizer, so any eps matches.
-    """
-    s32 = CallFunction(prims.convert_element_type.default, KeywordArg("s"), torch.float32, _users=MULTIPLE)
-    mean = CallFunction(
-        aten.mean.dim, CallFunction(aten.pow.Tensor_Scalar, s32, KeywordArg("exponent")), KeywordArg("dims"), True
-    )
-    rsqrt = CallFunction(aten.rsqrt.default, CallFunction(aten.add.Tensor, mean, KeywordArg("eps")))
-    w32 = CallFunction(prims.convert_element_type.default, KeywordArg("w"), torch.float32)
-    one_plus_w = [CallFunction(aten.add.Tensor, w32, 1.0), CallFunction(aten.add.Tensor, 1.0, w32)]
-    patterns = []
-    for normed in _commuted_mul(s32, rsqrt):
-        for scale in one_plus_w:
-            for product in _commuted_mul(normed, scale):
-                patterns.append(CallFunction(prims.convert_element_type.default, product, KeywordArg("dtype")))
-    return tuple(patterns)
-
-
 def _match_hf(y: fx.Node) -> NormMatch | None:
-    if not is_call(y, prims.convert_element_type.default):
-        return None
-    for pattern in hf_norm_patterns():
-        m = pattern.match(y)
-        if m:
-            break
-    else:
-        return None
-    s, w, eps = m.kwargs["s"], m.kwargs["w"], m.kwargs["eps"]
-    s_val = fake(s)
-    if s_val is None or m.kwargs["dtype"] != s_val.dtype or constant_float(m.kwargs["exponent"]) != 2.0:
-        return None
-    if list(m.kwargs["dims"]) not in ([-1], [s_val.dim() - 1]):
-        return None
-    anchor = next(n for n in m.nodes if is_call(n, prims.convert_element_type.default) and n.args[0] is s)
-    if _is_residual_add(s):
-        return NormMatch("hf", s.args[0], s.args[1], w, constant_float(eps), y, s, s, round_sum=True)
-    return NormMatch("hf", s, None, w, constant_float(eps), y, None, anchor)
-
-
-def _is_residual_add(node: fx.Node) -> bool:
-    """`residual + hidden` of two tensors of one shape and dtype (a Hugging Face residual add)."""
-    if not is_call(node, aten.add.Tensor) or _is_alpha(node) or len(node.args) != 2:
-        return False
-    a, b, out = fake(node.args[0]), fake(node.args[1]), fake(node)
-    return a is not None and b is not None and a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype
+    return match_hf(y, NormMatch)
 
 
 # --------------------------------------------------------------------- registry

@@ -77,3 +77,100 @@ def quant_users(node: fx.Node) -> list[QuantMatch]:
     """The quant nodes that read `node`, in graph order."""
     found = (match_quant(u) for u in node.users)
     return [q for q in found if q is not None and q.x is node and has_live_users(q.node)]
+
+
+# ------------------------------------------------------- through shape-only views
+
+_aten = torch.ops.aten
+_RESHAPES = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
+_UNSQUEEZE_SQUEEZE = (_aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims)
+_OTHER_VIEWS = (
+    _aten.transpose.int,
+    _aten.permute.default,
+    _aten.t.default,
+    _aten.expand.default,
+    _aten.slice.Tensor,
+    _aten.select.int,
+    _aten.view.dtype,
+    _aten.clone.default,
+    _aten.alias.default,
+)
+
+
+@dataclass(frozen=True)
+class ViewedQuant:
+    """A quant reading `node` through `views` (node -> views[0] -> ... -> quant.x), all row views."""
+
+    quant: QuantMatch
+    views: tuple[fx.Node, ...]
+
+
+def is_row_view(view: fx.Node) -> bool:
+    """A shape-only op that keeps every row `[K]` whole and contiguous, whose args replay on the
+    scales `[..., K/32]` with the last size changed (see :func:`replay_views`)."""
+    if not is_call(view, *_RESHAPES, *_UNSQUEEZE_SQUEEZE):
+        return False
+    src, out = fake(view.args[0]), fake(view)
+    if src is None or out is None or src.dim() == 0 or out.dim() == 0:
+        return False
+    k = src.shape[-1]
+    if not isinstance(k, int) or out.shape[-1] != k or src.stride(-1) != 1:
+        return False
+    if view.target in _RESHAPES:
+        shape = view.args[1]
+        return isinstance(shape, (list, tuple)) and len(shape) > 0 and shape[-1] == k
+    dims = view.args[1] if len(view.args) > 1 else ()
+    dims = dims if isinstance(dims, (list, tuple)) else (dims,)
+    last = (out.dim() if view.target is _aten.unsqueeze.default else src.dim()) - 1
+    return all(isinstance(d, int) and d % (last + 1) != last for d in dims)
+
+
+def replay_views(graph: fx.Graph, views: tuple[fx.Node, ...], src: fx.Node, last_size: int) -> fx.Node:
+    """Apply the row views `views` to `src` (same rows, last size `last_size`) at the insert point."""
+    from mxfuse.patterns.fx_utils import call
+
+    for view in views:
+        rest = list(view.args[1:])
+        if view.target in _RESHAPES:
+            rest[0] = [*view.args[1][:-1], last_size]
+        src = call(graph, view.target, (src, *rest), dict(view.kwargs))
+    return src
+
+
+def quants_through_views(node: fx.Node) -> list[ViewedQuant]:
+    """The quants that read `node` directly or through row views, in graph order."""
+    found: list[ViewedQuant] = []
+    work: list[tuple[fx.Node, tuple[fx.Node, ...]]] = [(node, ())]
+    while work:
+        current, views = work.pop()
+        for q in quant_users(current):
+            found.append(ViewedQuant(q, views))
+        for user in current.users:
+            if is_row_view(user):
+                work.append((user, (*views, user)))
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(found, key=lambda v: order[v.quant.node])
+
+
+def quant_behind_other_view(node: fx.Node) -> fx.Node | None:
+    """A view that is not a row view through which a quant reads `node` (None: there is none)."""
+    work, seen = [node], set()
+    while work:
+        current = work.pop()
+        for user in current.users:
+            if user in seen or not is_call(user, *_RESHAPES, *_UNSQUEEZE_SQUEEZE, *_OTHER_VIEWS):
+                continue
+            seen.add(user)
+            if not is_row_view(user) and any(match_quant(u) is not None for u in _through_views(user)):
+                return user
+            work.append(user)
+    return None
+
+
+def _through_views(node: fx.Node) -> list[fx.Node]:
+    out, work = [], [node]
+    while work:
+        current = work.pop()
+        out.append(current)
+        work += [u for u in current.users if is_call(u, *_RESHAPES, *_UNSQUEEZE_SQUEEZE, *_OTHER_VIEWS)]
+    return [u for n in out for u in n.users]

@@ -87,6 +87,8 @@ class SkipCode(enum.Enum):
     GROUP_MISMATCH = "codes and scales gathered by different groups or families"
     GATHERED_SHAPES = "gathered codes/scales of unexpected shape"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
+    NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
+    VIEW_NOT_ROWS = "the output reaches the quant through a view that does not keep the rows whole"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,215 @@
+"""The decomposed-ATen Gemma norm of Hugging Face models, in every spelling seen in the field.
+
+Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
+
+- `P = normed * M` (either order), `normed = s32 * rsqrt(v + eps)` or `s32 / sqrt(v + eps)`;
+- `v = mean(s32 ** 2 | s32 * s32, dim=-1, keepdim=True)`; `eps` a float literal, a 0-d
+  tensor (`dynamic=True` makes the float attribute a graph input), or gone (`eps = 0.0`:
+  Inductor drops the `+ 0.0`);
+- `s32 = s.float()` (the norm input; if `s = residual + hidden` in the model dtype, the add
+  is folded in with `round_sum=True`: Gemma 3 / MiniMax-M3 layers), or
+  `s32 = x.float() + residual.float()` (the residual add in fp32: the fused op's own order);
+- `M = w.float() + 1.0` (or `1.0 + w`, `w` bf16/fp16 or an fp32 parameter): weight `w`,
+  offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0;
+  or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0.
+
+Every one of these computes what the fused op computes up to the reduction order (the
+foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier
+is something else (`w.float()` alone, `2 + w`) or whose fp32 sum is read in fp32
+elsewhere is returned with a `difference` naming it, so it is reported, never fused.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import fx
+
+from mxfuse.patterns.fx_utils import constant_float, fake, is_call
+from mxfuse.patterns.results import Reason, SkipCode
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_CAST = prims.convert_element_type.default
+_MODEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def match_hf(y: fx.Node, make_match):
+    """The Hugging Face Gemma norm whose output is `y` (`make_match(**fields)` builds it), or None."""
+    if not is_call(y, _CAST) or y.args[1] not in _MODEL_DTYPES:
+        return None
+    product = y.args[0]
+    if not _is_f32(product) or not is_call(product, aten.mul.Tensor) or len(product.args) != 2:
+        return None
+    for normed, multiplier in itertools.permutations(product.args):  # noqa: B007 - both used after the loop
+        stats = _normalized(normed)
+        if stats is not None:
+            break
+    else:
+        return None
+    s32, eps = stats
+    source = _norm_input(s32, y.args[1], {y, product, normed})
+    if source is None or fake(multiplier) is None:
+        return None
+    if _is_f32(multiplier):
+        weight, offset, weight_difference = _multiplier(multiplier)
+    elif fake(multiplier).dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
+        weight, offset, weight_difference = _model_dtype_multiplier(multiplier)
+    else:
+        return None
+    return make_match(
+        form="hf",
+        eps=eps,
+        y=y,
+        weight=weight,
+        weight_offset=offset,
+        difference=source.pop("difference") or weight_difference,
+        **source,
+    )
+
+
+def _is_f32(node) -> bool:
+    val = fake(node)
+    return val is not None and val.dtype == torch.float32
+
+
+def _normalized(node) -> tuple[fx.Node, float | fx.Node] | None:
+    """`(s32, eps)` of `s32 * rsqrt(var + eps)` or `s32 / sqrt(var + eps)`."""
+    if is_call(node, aten.mul.Tensor) and len(node.args) == 2:
+        for s32, rsqrt in itertools.permutations(node.args):
+            if is_call(rsqrt, aten.rsqrt.default):
+                eps = _variance_eps(rsqrt.args[0], s32)
+                if eps is not None:
+                    return s32, eps
+    if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sqrt.default):
+        eps = _variance_eps(node.args[1].args[0], node.args[0])
+        if eps is not None:
+            return node.args[0], eps
+    return None
+
+
+def _variance_eps(node, s32) -> float | fx.Node | None:
+    """eps of `mean(s32**2, -1, keepdim) + eps` (0.0 when the add is gone); None: not that."""
+    if _is_mean_square(node, s32):
+        return 0.0
+    if not is_call(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
+        return None
+    for mean, eps in itertools.permutations(node.args):
+        if _is_mean_square(mean, s32):
+            value = constant_float(eps)
+            if value is not None:
+                return value
+            if isinstance(eps, fx.Node) and fake(eps) is not None:
+                if is_call(eps, _CAST) and eps.args[1] == torch.float32 and fake(eps.args[0]) is not None:
+                    eps = eps.args[0]  # the fused op casts it to fp32 itself; its source is a graph input
+                return eps  # a runtime eps; `norms.reject_reason` checks it is a usable scalar
+    return None
+
+
+def _is_mean_square(node, s32) -> bool:
+    if not is_call(node, aten.mean.dim) or not isinstance(s32, fx.Node):
+        return False
+    square, dims = node.args[0], node.args[1]
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    ndim = fake(s32).dim() if fake(s32) is not None else -1
+    if not keepdim or list(dims) not in ([-1], [ndim - 1]):
+        return False
+    if is_call(square, aten.pow.Tensor_Scalar):
+        return square.args[0] is s32 and constant_float(square.args[1]) == 2.0
+    return is_call(square, aten.mul.Tensor) and square.args[0] is s32 and square.args[1] is s32
+
+
+def _norm_input(s32: fx.Node, dtype: torch.dtype, norm_nodes: set) -> dict | None:
+    """`x`, `residual`, `residual_out`, `anchor`, `round_sum` and any `difference` of the norm's input."""
+    if is_call(s32, _CAST) and s32.args[1] == torch.float32:
+        s = s32.args[0]
+        if fake(s) is None or fake(s).dtype != dtype:
+            return None
+        if _is_same_dtype_add(s, dtype):
+            return _fields(s.args[0], s.args[1], s, s, round_sum=True)
+        return _fields(s, None, None, s32)
+    if _is_same_dtype_add(s32, torch.float32) and all(is_call(a, _CAST) for a in s32.args):
+        x, residual = (a.args[0] for a in s32.args)
+        if not (fake(x) is not None and fake(residual) is not None and fake(x).dtype == fake(residual).dtype == dtype):
+            return None
+        rounded = [u for u in s32.users if is_call(u, _CAST) and u.args[1] == dtype]
+        others = [u for u in s32.users if u not in rounded and not _is_norm_read(u, s32)]
+        difference = None
+        if others or len(rounded) > 1:
+            difference = Reason(
+                SkipCode.NORM_ARITHMETIC,
+                "the fp32 sum `x.float() + residual.float()` is also read in fp32 "
+                f"(by {', '.join(o.name for o in others + rounded[1:])}); the fused op returns it rounded to {dtype}",
+            )
+        return _fields(x, residual, rounded[0] if rounded else None, s32, difference=difference)
+    if _is_f32(s32):
+        return _fields(s32, None, None, s32)  # fp32 activations: `reject_reason` says why not
+    return None
+
+
+def _fields(x, residual, residual_out, anchor, *, round_sum=False, difference=None) -> dict:
+    return {
+        "x": x,
+        "residual": residual,
+        "residual_out": residual_out,
+        "anchor": anchor,
+        "round_sum": round_sum,
+        "difference": difference,
+    }
+
+
+def _is_norm_read(user: fx.Node, s32: fx.Node) -> bool:
+    """A node of the norm itself: the square, or `s32 * rsqrt(...)` / `s32 / sqrt(...)`."""
+    if is_call(user, aten.pow.Tensor_Scalar):
+        return True
+    if is_call(user, aten.mul.Tensor, aten.div.Tensor):
+        return all(a is s32 or is_call(a, aten.rsqrt.default, aten.sqrt.default) for a in user.args)
+    return False
+
+
+def _is_same_dtype_add(node, dtype: torch.dtype) -> bool:
+    """`a + b` of two tensors of one shape and `dtype` (no alpha): a residual add."""
+    if not is_call(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
+        return False
+    a, b, out = fake(node.args[0]), fake(node.args[1]), fake(node)
+    if a is None or b is None or out is None:
+        return False
+    return a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype == dtype
+
+
+def _model_dtype_multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
+    """A bf16/fp16 multiplier: `(1 + w)` rounded in the model dtype is the fused op's weight as it is
+    (offset 0.0: the op adds nothing to it); anything else is a Llama-style weight."""
+    one_plus = is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2
+    if one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args):
+        return m, 0.0, None
+    text = f"the weight multiplier is `{m.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
+    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+
+
+def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
+    """`(weight, offset, difference)` with the norm's multiplier = `weight.f32 + offset`."""
+    if is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2:
+        for w, c in itertools.permutations(m.args):
+            offset = constant_float(c)
+            if offset is None or not isinstance(w, fx.Node):
+                continue
+            inner = w.args[0] if is_call(w, _CAST) and w.args[1] == torch.float32 else w
+            if offset == 1.0:
+                return inner, 1.0, None
+            text = f"the weight multiplier is `{offset:g} + w`, not Gemma's `1 + w`"
+            return inner, offset, Reason(SkipCode.NORM_ARITHMETIC, text)
+        scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
+        if len(scalars) == 1:
+            text = (
+                f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
+                "makes a float that is not a literal a graph input); the fused op takes a constant offset"
+            )
+            return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+    if m.op == "get_attr":
+        return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
+    inner = m.args[0] if is_call(m, _CAST) else m
+    if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
+        return _model_dtype_multiplier(inner)  # `(1 + w).float()`: the cast is exact
+    text = f"the weight multiplier is `{inner.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
+    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)

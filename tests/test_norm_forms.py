@@ -1,0 +1,273 @@
+"""Pattern unit tests of the Hugging Face norm spellings, views and runtime eps (issues 14 and 19).
+
+Graph in, counts and bits out: each function is traced to decomposed ATen with Inductor's
+decomposition table (`make_fx`, fake tensors: the node shapes the pass reads, as in a
+post-grad graph), the pass runs on a copy, and both graphs execute eagerly on CPU. No
+Inductor compile here (the end-to-end compiles are in tests/test_norm_forms_compiled.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from foreign_bound import assert_within_foreign_bound
+from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, op_counts
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import mxfuse  # noqa: F401
+from mxfuse.passes import post_grad
+from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.results import SkipCode
+
+mx = torch.ops.mxfuse
+K = 64
+
+
+def trace(fn, *args):
+    from torch._inductor.decomposition import select_decomp_table
+
+    return make_fx(
+        fn,
+        decomposition_table=select_decomp_table(),
+        tracing_mode="fake",
+        _allow_non_fake_inputs=True,  # a tensor the function closes over becomes a get_attr constant
+    )(*args)
+
+
+def run_pass(fn, *args):
+    """`(before, after, report)`: the traced graph module, a copy rewritten by the pass, the report."""
+    before = trace(fn, *args)
+    after = copy.deepcopy(before)
+    report = post_grad.run(after.graph, PassOptions(strict=True))
+    after.recompile()
+    return before, after, report
+
+
+def data(*shape, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def gemma_weight(dtype=torch.bfloat16):
+    return (0.1 * torch.randn(K, generator=torch.Generator().manual_seed(7))).to(dtype)
+
+
+def spelled_norm(h, w, eps, *, square="pow", inverse="rsqrt"):
+    """One spelling of Gemma's `normalize(h.float()) * (1 + w.float())`, cast back with type_as."""
+    x = h.float()
+    var = x.pow(2).mean(-1, keepdim=True) if square == "pow" else (x * x).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(var + eps) if inverse == "rsqrt" else x / torch.sqrt(var + eps)
+    return (x * (1.0 + w.float())).type_as(h)
+
+
+SPELLINGS = [
+    dict(square="pow", inverse="rsqrt", eps=1e-6),
+    dict(square="mul", inverse="rsqrt", eps=1e-6),
+    dict(square="pow", inverse="div_sqrt", eps=1e-6),
+    dict(square="mul", inverse="div_sqrt", eps=0.0),
+    dict(square="pow", inverse="rsqrt", eps=0.0),
+]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS, ids=lambda s: "-".join(map(str, s.values())))
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32], ids=["w_bf16", "w_fp32"])
+def test_plain_norm_spellings_through_a_flattening_quant_fuse(spelling, w_dtype):
+    spelling = dict(spelling)
+    eps = spelling.pop("eps")
+
+    def fn(h, w):  # [batch, seq, K] activations; the MXFP8 linear flattens before it quantizes
+        codes, scales = mx.mxfp8_quantize(spelled_norm(h, w, eps, **spelling).reshape(-1, K))
+        return codes, scales
+
+    args = (data(2, 9, K), gemma_weight(w_dtype))
+    before, after, report = run_pass(fn, *args)
+    assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}, report.skipped
+    assert op_counts(after.graph)[FUSED_PLAIN] == 1 and op_counts(after.graph)[QUANT] == 0
+    assert "aten.rsqrt" not in after.code and "aten.sqrt" not in after.code
+    with torch.no_grad():
+        assert_within_foreign_bound(after(*args), before(*args))
+        if spelling == {"square": "pow", "inverse": "rsqrt"}:
+            assert_bitwise(after(*args), before(*args))  # eager ATen on CPU computes the reference's ops
+
+
+@pytest.mark.parametrize("residual_dtype", ["model", "fp32"])
+def test_residual_add_in_model_dtype_or_fp32_fuses_and_keeps_the_residual_shape(residual_dtype):
+    def fn(hidden, residual, w):
+        if residual_dtype == "model":  # Gemma 3 in transformers: the add in bf16, then the norm
+            s = residual + hidden
+            y = spelled_norm(s, w, 1e-6)
+            residual_out = s
+        else:  # the add in fp32: the fused op's own order
+            s = hidden.float() + residual.float()
+            x = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+            y = (x * (1.0 + w.float())).to(hidden.dtype)
+            residual_out = s.to(hidden.dtype)
+        codes, scales = mx.mxfp8_quantize(y.view(-1, K))
+        return codes, scales, residual_out * 2  # the residual's other user reads [batch, seq, K]
+
+    args = (data(3, 5, K, seed=1), data(3, 5, K, seed=2, scale=4.0), gemma_weight())
+    before, after, report = run_pass(fn, *args)
+    assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}, report.skipped
+    text = after.code
+    assert f"round_sum = {residual_dtype == 'model'}" in text
+    with torch.no_grad():
+        out = after(*args)
+        assert out[2].shape == (3, 5, K)
+        assert_within_foreign_bound(out, before(*args))
+
+
+def test_views_in_either_direction_and_other_users_keep_their_shape():
+    """Norm on flat rows, quant of a `[1, M, K]` unsqueeze (swizzled) and of `[M/2, 2, K]` view; y also read."""
+
+    def fn(h, w):
+        y = spelled_norm(h, w, 1e-6)
+        a = mx.mxfp8_quantize(y.unsqueeze(0), True)
+        b = mx.mxfp8_quantize(y.view(-1, 2, K))
+        return (*a, *b, y.sum(-1))
+
+    args = (data(10, K, seed=3), gemma_weight())
+    before, after, report = run_pass(fn, *args)
+    # two layouts: the row-major quant fuses (it comes first), the swizzled one reads the emitted y
+    assert report.matched_strings() == {"hf:plain->mxfuse_quant:swizzled+y": 1}, report.matched_strings()
+    assert op_counts(after.graph)[QUANT] == 1
+    with torch.no_grad():
+        out, ref = after(*args), before(*args)
+        assert out[3].shape == (5, 2, K // 32) and out[0].shape == (1, 10, K)
+        assert_within_foreign_bound(out[:2], ref[:2], swizzled=True)
+        assert_within_foreign_bound(out[2:4], ref[2:4])
+        assert_within_foreign_bound([out[4]], [ref[4]])
+
+
+def test_frozen_multiplier_constant_fuses_with_offset_zero():
+    """Freezing folds `1 + w.float()` into one fp32 constant (a get_attr): that is the multiplier."""
+    multiplier = 1.0 + gemma_weight().float()
+
+    def fn(h):
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return mx.mxfp8_quantize((x * multiplier).type_as(h))
+
+    args = (data(6, K, seed=4),)
+    before, after, report = run_pass(fn, *args)
+    assert any(n.op == "get_attr" for n in before.graph.nodes)
+    assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}
+    assert "weight_offset = 0.0" in after.code
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
+
+
+def test_one_plus_w_rounded_in_the_model_dtype_is_the_weight_itself():
+    """`x.float() * (1 + w)` with bf16 `1 + w`: the multiply promotes the rounded sum; offset 0.0."""
+
+    def fn(h, w):
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (*mx.mxfp8_quantize((x * (1.0 + w)).type_as(h)), *mx.mxfp8_quantize((x * (1.0 + w).float()).type_as(h)))
+
+    args = (data(6, K, seed=11), gemma_weight())
+    before, after, report = run_pass(fn, *args)
+    assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 2}
+    assert after.code.count("weight_offset = 0.0") == 2
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
+
+
+def test_runtime_eps_tensor_is_an_operand_of_the_fused_op():
+    """dynamic=True makes eps a 0-d float64 graph input (tensorified Python float)."""
+
+    def fn(h, residual, w, eps):
+        s = residual + h
+        return (*mx.mxfp8_quantize(spelled_norm(s, w, eps)), s)
+
+    args = (data(7, K, seed=5), data(7, K, seed=6), gemma_weight(), torch.tensor(1e-5, dtype=torch.float64))
+    before, after, report = run_pass(fn, *args)
+    assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
+    assert "eps_tensor = eps" in after.code.replace("eps_1", "eps")
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
+        bigger = (*args[:3], torch.tensor(0.5, dtype=torch.float64))  # read at run time, not baked in
+        assert_bitwise(after(*bigger), before(*bigger))
+
+
+# ------------------------------------------------------------------ left alone, with the difference named
+
+
+def llama_fp32(h, w, eps):
+    x = h.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()).type_as(h)
+
+
+def llama_promoted(h, w, eps):
+    x = h.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w).type_as(h)  # bf16 w promoted
+
+
+def two_plus_w(h, w, eps):
+    x = h.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (2.0 + w.float())).type_as(h)
+
+
+def fp32_sum_read_twice(h, w, eps):
+    s = h.float() + h.flip(0).float()
+    y = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).to(h.dtype)
+    return y, s.sum(-1)  # the fp32 sum has a reader in fp32
+
+
+LOOK_ALIKES = [
+    (llama_fp32, SkipCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
+    (llama_promoted, SkipCode.NORM_ARITHMETIC, "Llama-style"),
+    (two_plus_w, SkipCode.NORM_ARITHMETIC, "`2 + w`"),
+    (fp32_sum_read_twice, SkipCode.NORM_ARITHMETIC, "also read in fp32"),
+]
+
+
+@pytest.mark.parametrize(("norm", "code", "words"), LOOK_ALIKES, ids=[f[0].__name__ for f in LOOK_ALIKES])
+def test_look_alikes_are_left_alone_with_the_difference_named(norm, code, words, caplog):
+    def fn(h, w):
+        y, *extra = out if isinstance(out := norm(h, w, 1e-6), tuple) else (out,)
+        return (*mx.mxfp8_quantize(y), *extra)
+
+    args = (data(4, K, seed=8), gemma_weight())
+    with caplog.at_level(logging.WARNING, logger="mxfuse"):
+        before, after, report = run_pass(fn, *args)
+    assert not report.matched and after.code == before.code
+    (skip,) = [s for s in report.skipped if s.rewrite == "norm_quant"]
+    assert skip.code is code and words in skip.reason
+    # the one warning of this graph names the reason and the fix (its source line: the compiled tests)
+    (record,) = [r for r in caplog.records if r.name == "mxfuse" and r.levelno == logging.WARNING]
+    assert words in record.getMessage() and "[hf:" in record.getMessage()
+    assert "fix: compute" in record.getMessage()
+
+
+def test_eps_tensor_of_shape_one_is_not_a_scalar():
+    def fn(h, w, eps):
+        return mx.mxfp8_quantize(spelled_norm(h, w, eps))
+
+    _, _, report = run_pass(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
+    (skip,) = report.skipped
+    assert skip.code is SkipCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
+
+
+def test_quant_through_a_view_that_splits_rows_is_named():
+    def fn(h, w):
+        return mx.mxfp8_quantize(spelled_norm(h, w, 1e-6).transpose(0, 1).contiguous())
+
+    _, after, report = run_pass(fn, data(32, K), gemma_weight())
+    (skip,) = report.skipped
+    assert skip.code is SkipCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
+    assert op_counts(after.graph)[FUSED_PLAIN] == 0
+
+
+def test_mxfuse_fused_add_with_a_flattening_quant_fuses_bitwise():
+    def fn(x, residual, w):
+        y, res = mx.gemma_fused_add_rmsnorm(x, residual, w, 1e-6)
+        return (*mx.mxfp8_quantize(y.reshape(-1, K)), res)
+
+    args = (data(2, 3, K, seed=9), data(2, 3, K, seed=10), gemma_weight())
+    before, after, _ = run_pass(fn, *args)
+    assert op_counts(after.graph)[FUSED_ADD] == 1 and op_counts(after.graph)[QUANT] == 0
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
