@@ -6,9 +6,8 @@ Everything runs on CPU with torchao's EMULATED kernel (dequantize + `aten.mm`); 
 graphs (`to_blocked` scales for `_scaled_mm`) compile on CPU but cannot run there, so the
 blocked layout is checked on a function that returns torchao's blocked scales itself.
 
-Stubbed: the pass wiring. Until `norm_quant` takes torchao quants (the lead wires
-`torchao_quant_users` into it), :class:`TorchaoFusion` below applies the rewrite with
-the project's own pieces (`find_norms`, `insert_fused_norm`, `replace_outputs`).
+Nothing is stubbed: :class:`TorchaoFusion` runs the mxfuse pass itself and records op counts
+around it.
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import mxfuse  # noqa: F401
 from mxfuse.ops.library import MxfuseInputError
 from mxfuse.ops.reference import QuantRule, gemma_rmsnorm, quantize_rows
-from mxfuse.patterns.fx_utils import has_live_users
-from mxfuse.patterns.norm_quant import insert_fused_norm
-from mxfuse.patterns.norms import find_norms, reject_reason
-from mxfuse.patterns.torchao_quant import ScaleSpelling, match_torchao_quant, torchao_quant_users
+from mxfuse.passes import post_grad
+from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.torchao_quant import ScaleSpelling, match_torchao_quant
 
 mx_formats = pytest.importorskip("torchao.prototype.mx_formats")
 from torchao.prototype.mx_formats import mx_tensor
@@ -249,8 +247,8 @@ def test_a_changed_constant_is_not_matched():
 
 
 class TorchaoFusion(CustomGraphPass):
-    """Stand-in for the wired pass: every known norm whose output feeds torchao quants becomes
-    one fused op with the quants' layout and rule (emit_y when y has other readers)."""
+    """The mxfuse pass (strict, from the environment like every test), with op counts before and
+    after it and its matched kinds as strings; `enabled=False` only records."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -262,28 +260,10 @@ class TorchaoFusion(CustomGraphPass):
         self.calls += 1
         self.before = op_counts(graph)
         if self.enabled:
-            for norm in find_norms(graph):
-                quants = [q for q in torchao_quant_users(norm.y) if has_live_users(q.node)]
-                if reject_reason(norm) is None and quants:
-                    self._fuse(graph, norm, quants)
-            from torch._inductor.pattern_matcher import stable_topological_sort
-
-            stable_topological_sort(graph)
+            report = post_grad.run(graph, PassOptions.from_env())
+            self.matched.update({str(kind): n for kind, n in report.matched.items()})
             graph.eliminate_dead_code()
-            graph.lint()
         self.after = op_counts(graph)
-
-    def _fuse(self, graph, norm, quants):
-        chosen = [q for q in quants if q.swizzled == quants[0].swizzled]
-        readers = {q.reads for q in chosen}
-        emit_y = any(user not in readers for user in norm.y.users)
-        out = insert_fused_norm(graph, norm, swizzled=chosen[0].swizzled, emit_y=emit_y)
-        out["fused"].update_kwarg("rule", int(chosen[0].rule))
-        for quant in chosen:
-            quant.replace_outputs(graph, out["codes"], out["scales"])
-        if emit_y:
-            norm.y.replace_all_uses_with(out["y"], delete_user_cb=lambda user: user not in readers)
-        self.matched[f"{norm.kind}->{chosen[0].kind}:{'swizzled' if chosen[0].swizzled else 'rowmajor'}"] += 1
 
     def uuid(self):
         return None  # never cache: every test compiles and captures
@@ -327,7 +307,7 @@ def test_norm_into_torchao_linear_fuses_bitwise_with_dynamic_tokens():
             # eager torchao: the same values; the NaN row's payload bits come from another mm kernel
             torch.testing.assert_close(fused_fn(x), model(x), rtol=0, atol=0, equal_nan=True)
     assert fusion.calls == 1 and plain.calls == 1
-    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant(log2):rowmajor": 1}
+    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant:rowmajor": 1}
     assert fusion.after[FUSED_PLAIN] == 1 and fusion.after["mxfuse::gemma_rmsnorm"] == 0
     # the decomposed quant is gone; what is left of the chain ops is torchao's dequant
     assert fusion.after["aten::log2"] == fusion.after["aten::amax"] == fusion.after["aten::exp2"] == 0
@@ -354,7 +334,7 @@ def test_blocked_scales_are_written_blocked():
         expected = tuple(map(_as_bytes, quant_for_scaled_mm(x)))
         assert_bitwise(tuple(map(_as_bytes, fused_fn(x))), expected)
         assert_bitwise(tuple(map(_as_bytes, plain_fn(x))), expected)
-    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant(log2):swizzled": 1}
+    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant:swizzled+y": 1}
     assert fusion.after["aten::permute"] == 0 and fusion.after["aten::slice_scatter"] == 0
     assert fusion.after["mxfuse::gemma_rmsnorm"] == 0  # y comes from the fused op (emit_y)
 
@@ -402,8 +382,8 @@ def test_hugging_face_minimax_m3_layer_with_torchao_fuses_every_norm_before_a_li
     assert fusion.calls == 1
     # input_layernorm -> q/k/v; residual add + post_attention_layernorm -> gate/up
     assert dict(fusion.matched) == {
-        "hf:plain->torchao_quant(log2):rowmajor": 1,
-        "hf:fused_add->torchao_quant(log2):rowmajor": 1,
+        "hf:plain->torchao_quant:rowmajor": 1,
+        "hf:fused_add->torchao_quant:rowmajor": 1,
     }
     assert fusion.after[FUSED_PLAIN] == 1 and fusion.after[FUSED_ADD] == 1
     # Inductor keeps q, k and v's quant chains apart (6 log2); o_proj's and down_proj's stay
@@ -437,4 +417,4 @@ def test_hugging_face_norm_into_torchao_quant_is_within_the_stated_bound():
             [actual[0].view(FP8), *actual[1:]], [plain_fn(*args)[0].view(FP8), *plain_fn(*args)[1:]]
         )
         assert_bitwise(actual, fn(*args))
-    assert dict(fusion.matched) == {"hf:fused_add->torchao_quant(log2):rowmajor": 1}
+    assert dict(fusion.matched) == {"hf:fused_add->torchao_quant:rowmajor": 1}

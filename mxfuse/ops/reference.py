@@ -109,10 +109,10 @@ def _quantize_rows_torchao(x: Tensor) -> tuple[Tensor, Tensor]:
     nan_block = torch.isnan(amax)
     sb = e8m0_scale_from_amax(torch.where(nan_block, 0.0, amax))
     multiplier = torch.where(sb == 0, 1.0, e8m0_multiplier(sb))
-    multiplier = torch.where(nan_block, amax / E4M3_MAX, multiplier)
-    q = (v * multiplier).clamp(-E4M3_MAX, E4M3_MAX)
+    multiplier = torch.where(nan_block, amax / FP8_MAX, multiplier)
+    q = (v * multiplier).clamp(-FP8_MAX, FP8_MAX)
     sb = torch.where(nan_block, E8M0_NAN, sb)
-    return q.to(torch.float8_e4m3fn).reshape(m, k), sb.reshape(m, k // BLOCK)
+    return q.to(FP8_DTYPE).reshape(m, k), sb.reshape(m, scale_columns(k))
 
 
 def swizzle_scales(scales: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import fx
 
+from mxfuse.ops.reference import QuantRule
 from mxfuse.patterns.fx_utils import call, fake, getitem, has_live_users, redirect_uses, source_line
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
 from mxfuse.patterns.quants import (
@@ -41,6 +42,7 @@ from mxfuse.patterns.quants import (
     replay_views,
 )
 from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
+from mxfuse.patterns.torchao_quant import TorchaoQuantMatch, torchao_quant_users
 
 if TYPE_CHECKING:
     from mxfuse.passes.options import PassOptions
@@ -77,7 +79,7 @@ class NormQuantFusion:
 
     @property
     def replaced(self) -> list[fx.Node]:
-        return [self.norm.y, *(q.quant.node for q in self.quants)]
+        return [self.norm.y, *(reader(q) for q in self.quants)]
 
     @property
     def kind(self) -> FusionKind:
@@ -129,7 +131,8 @@ class NormQuant:
         if not isinstance(fusion, NormQuantFusion):
             return None
         norm = fusion.norm
-        out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y)
+        rule = getattr(fusion.quants[0].quant, "rule", QuantRule.DEFAULT)  # the encoding the matched quant uses
+        out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
         codes, scales = out["codes"], out["scales"]
         if fusion.quants[0].quant.flat_swizzled_scales:
             with graph.inserting_after(scales):
@@ -137,6 +140,9 @@ class NormQuant:
         k = fake(norm.x).shape[-1]
         for viewed in fusion.quants:
             quant = viewed.quant
+            if isinstance(quant, TorchaoQuantMatch):  # its codes/scales need torchao's views and dtypes
+                quant.replace_outputs(graph, out["codes"], out["scales"])
+                continue
             with graph.inserting_before(quant.node):  # the views' size operands are defined by now
                 if quant.codes is not None:
                     _replace(quant.codes, replay_views(graph, viewed.views, codes, k))
@@ -144,9 +150,15 @@ class NormQuant:
                     rows = fusion.swizzled  # swizzled scales are 2-D over all rows: no view to replay
                     _replace(quant.scales, scales if rows else replay_views(graph, viewed.views, scales, k // 32))
         if fusion.emit_y:
-            replaced = {q.quant.node for q in fusion.quants}
+            replaced = {reader(q) for q in fusion.quants}
             redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
         return out["fused"]
+
+
+def reader(viewed: ViewedQuant) -> fx.Node:
+    """The node through which the quant reads the norm (torchao's chain reads through a reshape)."""
+    quant = viewed.quant
+    return quant.reads if isinstance(quant, TorchaoQuantMatch) else quant.node
 
 
 def _is_dead(norm: NormMatch) -> bool:
@@ -155,7 +167,7 @@ def _is_dead(norm: NormMatch) -> bool:
 
 def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
     """The fusion of one norm with the quants reading it, or why not."""
-    viewed = quants_through_views(norm.y)
+    viewed = quants_through_views(norm.y) + [ViewedQuant(q, ()) for q in torchao_quant_users(norm.y)]
     reason = reject_reason(norm, runtime_eps=True)
     if reason is not None:
         return skip(norm, reason)
@@ -171,7 +183,7 @@ def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
 
 def _keeps_other_users(y: fx.Node, chosen: tuple[ViewedQuant, ...]) -> bool:
     """Whether anything but the chosen quants (and views read only by them) reads `y`."""
-    consumed = {v.quant.node for v in chosen}
+    consumed = {reader(v) for v in chosen}
     views = {view for v in chosen for view in v.views}
     changed = True
     while changed:
@@ -185,7 +197,11 @@ def _keeps_other_users(y: fx.Node, chosen: tuple[ViewedQuant, ...]) -> bool:
 
 def feeds_quant(norm: NormMatch) -> bool:
     """Whether an MXFP8 quant reads the norm's output, directly or through any view."""
-    return bool(quants_through_views(norm.y)) or quant_behind_other_view(norm.y) is not None
+    return (
+        bool(quants_through_views(norm.y))
+        or bool(torchao_quant_users(norm.y))
+        or quant_behind_other_view(norm.y) is not None
+    )
 
 
 def warning_text(unfused: list[tuple[NormMatch, Skip]]) -> str:
@@ -224,7 +240,13 @@ def no_quant_reason(norm: NormMatch) -> Reason:
 
 
 def insert_fused_norm(
-    graph: fx.Graph, norm: NormMatch, *, packed: bool = False, swizzled: bool = False, emit_y: bool = False
+    graph: fx.Graph,
+    norm: NormMatch,
+    *,
+    packed: bool = False,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    rule: QuantRule = QuantRule.DEFAULT,
 ) -> dict[str, fx.Node]:
     """Insert the fused norm+quant op standing in for `norm` (before its first node).
 
@@ -237,6 +259,8 @@ def insert_fused_norm(
     flags = {"emit_y": emit_y, "weight_offset": norm.weight_offset}
     if not packed:
         flags = {"swizzled": swizzled, **flags}
+        if rule != QuantRule.DEFAULT:  # torchao's NaN / scale-byte-0 encoding (see QuantRule)
+            flags["rule"] = int(rule)
     eps = norm.eps
     if isinstance(eps, fx.Node):  # a runtime eps (e.g. dynamic=True): an operand of the unpacked ops
         if packed:

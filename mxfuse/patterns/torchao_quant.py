@@ -32,7 +32,9 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from mxfuse.ops.reference import BLOCK, E4M3_MAX, E8M0_NAN, QuantRule
+from mxfuse.ops.mx_layout import BLOCK
+from mxfuse.ops.mx_layout import FP8_MAX as E4M3_MAX
+from mxfuse.ops.reference import E8M0_NAN, QuantRule
 from mxfuse.patterns.fx_utils import call, fake, is_call, redirect_uses, static_int
 
 aten, prims = torch.ops.aten, torch.ops.prims
