@@ -39,9 +39,10 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 import mxfuse
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.models_tp import TPModel
-from mxfuse.passes import post_grad
+from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sequence_parallel as sp
+from mxfuse.patterns.results import Fusion, Skip, SkipCode
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
@@ -245,9 +246,12 @@ def test_dynamic_token_counts_one_graph(world):
 def test_off_by_default_and_plan_leaves_the_graph_alone(world):
     gm = trace_model(tp_models(world, lm_head=False)[0], 8)
     before = code(gm)
-    assert sp.plan(gm.graph, PassOptions()) == ([], [])
-    verdict = sp.plan_graph(gm.graph)
-    assert isinstance(verdict, sp.SequenceParallelPlan) and code(gm) == before
+    assert sp.SequenceParallelRewrite().plan(gm.graph, PassOptions()) == []
+    (verdict,) = sp.SequenceParallelRewrite().plan(gm.graph, PassOptions(sequence_parallel=True))
+    assert isinstance(verdict, sp.SequenceParallelPlan) and isinstance(verdict, Fusion) and code(gm) == before
+    assert str(verdict.kind) == "sequence_parallel:c10d_all_reduce->reduce_scatter"  # 8 rows: no padding
+    assert verdict.kind.rewrite == sp.NAME and verdict.kind.norm_kind is None and not verdict.kind.fuses_norm
+    assert verdict.site is verdict.replaced[0] and len(verdict.replaced) == 2 * CONFIG.n_layers
     run_pass(gm)  # default options: no sequence parallelism
     assert counts(gm)["all_reduce"] == 2 * CONFIG.n_layers
 
@@ -258,7 +262,7 @@ def test_option_validated_and_in_the_cache_key():
     assert mxfuse.post_grad_pass(sequence_parallel=False).uuid() == base  # default keys stay as they were
     with pytest.raises(TypeError, match="sequence_parallel"):
         PassOptions(sequence_parallel="yes")
-    rewrites = [r.NAME for r in post_grad.rewrites(PassOptions(sequence_parallel=True))]
+    rewrites = [r.name for r in post_grad.rewrites()]
     assert rewrites[:2] == [sp.NAME, "sp_gather"]  # before sp_gather, which places the gathers it emits
 
 
@@ -296,8 +300,9 @@ def test_an_all_reduce_that_feeds_no_norm_leaves_the_whole_graph(world):
     before = code(gm)
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
-    (skip,) = [s for s in report.skipped if s[0] == sp.NAME]
-    assert skip[1] == "all_reduce" and "feeds no Gemma norm" in skip[3], skip
+    (skip,) = [s for s in report.skipped if s.rewrite == sp.NAME]
+    assert skip.code is SkipCode.ALL_REDUCE_NO_NORM and skip.node.startswith("all_reduce"), skip
+    assert skip.as_dict()["kind"] == "whole_graph" and "feeds no Gemma norm" in skip.as_dict()["reason"], skip
 
 
 def test_swizzled_quant_with_a_token_count_that_may_not_divide_is_left_alone(world):
@@ -305,7 +310,7 @@ def test_swizzled_quant_with_a_token_count_that_may_not_divide_is_left_alone(wor
     before = code(gm)
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
-    assert any(s[0] == sp.NAME and "swizzled" in s[3] for s in report.skipped), report.skipped
+    assert [s.code for s in report.skipped if s.rewrite == sp.NAME] == [SkipCode.SWIZZLED_PADDED], report.skipped
     verdict = sp.plan_graph(trace(_norm_chain_and("swizzled"), *_rows()).graph)  # static 8 rows: divides
     assert isinstance(verdict, sp.SequenceParallelPlan) and not verdict.pad
 
@@ -328,13 +333,19 @@ def test_unknown_group_is_left_alone():
     before = code(gm)
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
-    assert any(s[0] == sp.NAME and "world size" in s[3] for s in report.skipped)
+    assert [s.code for s in report.skipped if s.rewrite == sp.NAME] == [SkipCode.WORLD_SIZE_UNKNOWN], report.skipped
 
 
 def test_skip_record_is_typed(world):
-    verdict = sp.plan_graph(trace(_norm_chain_and("all_reduce_to_mul"), *_rows()).graph)
-    assert isinstance(verdict, sp.Skip) and verdict.code is sp.SkipCode.NO_NORM
-    assert verdict.rewrite == sp.NAME and verdict.norm_kind == "all_reduce" and verdict.node.startswith("all_reduce")
+    graph = trace(_norm_chain_and("all_reduce_to_mul"), *_rows()).graph
+    verdict = sp.plan_graph(graph)
+    assert isinstance(verdict, Skip) and verdict.code is SkipCode.ALL_REDUCE_NO_NORM and verdict.code.whole_graph
+    assert verdict.rewrite == sp.NAME and verdict.norm_kind is None and not verdict.quant_site
+    assert verdict.node.target is c10d.all_reduce.default
+    # `mxfuse explain` shows it though it belongs to no norm
+    verdicts = ex.explain(graph, PassOptions(sequence_parallel=True, fuse_norm_quant=False))
+    (whole,) = [v for v in verdicts if v.kind == "whole_graph"]
+    assert (whole.node, whole.rewrite, whole.fused, whole.detail) == (verdict.node.name, sp.NAME, False, verdict.reason)
 
 
 # ------------------------------------------------------------------ other norm forms, vLLM's collectives
@@ -451,7 +462,7 @@ def _compile_runs(model, ids: dict, options) -> dict:
         "compiles": capture.calls,
         "matched": {str(k): v for k, v in capture.report.matched.items()},
         "failed": capture.report.failed,
-        "skipped": [s for s in capture.report.skipped if s[0] == sp.NAME],
+        "skipped": [s for s in capture.report.skipped if s.rewrite == sp.NAME],
         "collectives": sorted(t for t in capture.targets if "reduce" in t or "gather" in t or "sp_local" in t),
         "ir_norms": sum(t.startswith("vllm_ir.") for t in capture.targets),
     }
@@ -544,7 +555,7 @@ def _skipped_graph_runs(group) -> dict:
             out, want = compiled(*args), fn(*args)
     finally:
         globals()["GROUP"] = saved
-    skips = [s[3] for s in capture.report.skipped if s[0] == sp.NAME]
+    skips = [s.code for s in capture.report.skipped if s.rewrite == sp.NAME]
     return {"skips": skips, "same": all(torch.equal(bits(a), bits(b)) for a, b in zip(out, want))}
 
 
@@ -636,8 +647,9 @@ def test_sp_rewrite_distributed(gloo_reports):
             _assert_sp_run(rank, results, mode, "c10d", world)
         assert results["modes_equal"] == [True] * len(results["modes_equal"]), rank
         assert sum(v for k, v in results["mxfp8"]["matched"].items() if "mxfp8_packed" in k) == 2 * DIST_CONFIG.n_layers
-        skipped = results.get("skipped_graph", {"same": True, "skips": ["feeds no Gemma norm (W = 4: not run)"]})
-        assert skipped["same"] and any("feeds no Gemma norm" in s for s in skipped["skips"]), skipped
+        not_run = {"same": True, "skips": [SkipCode.ALL_REDUCE_NO_NORM]}  # (W = 4 does not run it)
+        skipped = results.get("skipped_graph", not_run)
+        assert skipped["same"] and skipped["skips"] == [SkipCode.ALL_REDUCE_NO_NORM], skipped
 
 
 @pytest.mark.vllm

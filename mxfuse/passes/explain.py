@@ -108,6 +108,9 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
             continue
         rewrite, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
         verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code))
+    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
+        if record.code.whole_graph:
+            verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, None, None, None))
     _emit(verdicts)
     return verdicts
 
