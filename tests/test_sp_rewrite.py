@@ -9,10 +9,12 @@ all-reduce and reduce-scatter both sum in rank order in bf16, so the rewritten g
 must equal the all-reduce graph bit for bit here; the order of the sum under real
 backends is the subject of the tolerance in `test_sp_rewrite_distributed` below.
 
-Distributed (marked `distributed`, spawned gloo ranks at W = 2 and 4): the reference
-model in TP form (`mxfuse.models_tp.TPModel`) compiled with the rewrite, dynamic token
-counts, both sp_gather modes; and vLLM's TP group stood up on gloo (`test_sp_vllm`'s
-way) driving the same model through `torch.ops.vllm.all_reduce`.
+Distributed (marked `distributed`, ONE spawn of 2 gloo ranks): the reference model in TP
+form (`mxfuse.models_tp.TPModel`) compiled with the rewrite, dynamic token counts, both
+sp_gather modes, over torch's group (c10d family) and over vLLM's TP group stood up on
+gloo (`test_sp_vllm`'s way) through `torch.ops.vllm.all_reduce`. (A W = 4 spawn was
+dropped for time: the graph-level tests above run the rewrite at W = 4; what only it
+checked, the bound at W > 2 on a real backend, was measured once, docs/sp_notes.md.)
 
 The bound (derived in docs/sp_notes.md, "Numerics"): the rewrite moves no arithmetic
 but the reduction; every row-wise op (residual add, Gemma norm, MXFP8 quant, GEMM row)
@@ -22,8 +24,9 @@ backend (what the lockstep interpreter checks). Against the all-reduce program, 
 reduced element may differ only by the order of its W-term bf16 sum:
 |RS - AR| <= 2 (W - 1) u sum_i |p_i| per element (u = 2^-8), which is 0 for W = 2 (one
 rounding of a + b = b + a). The distributed test checks that bound on the model's first
-partial sums, bitwise logits at W = 2, and at W = 4 a relative L2 of the logits <= 2^-4
-(after the next MXFP8 quant no elementwise bound survives: a code may move one e4m3 step).
+partial sums and bitwise logits at W = 2; for W > 2 the stated end-to-end tolerance is a
+relative L2 of the logits <= 2^-4 (after the next MXFP8 quant no elementwise bound
+survives: a code may move one e4m3 step), asserted by `_assert_sp_run` for any W.
 """
 
 from __future__ import annotations
@@ -433,7 +436,7 @@ TOKENS = (8, 11)  # one graph (dynamic): 11 is padded at W = 2 and 4, 8 is not
 DIST_CONFIG = CONFIG.replace(n_layers=1)  # first layer (embedding residual) + final norm + LM head; few compiles
 U_BF16 = 2.0**-8  # unit roundoff of bfloat16
 END_TO_END_RTOL = 2.0**-4  # relative L2 of the logits where the reductions differ in order (docs/sp_notes.md)
-MODES = {2: ("bf16", "mxfp8"), 4: ("mxfp8",)}  # W = 4 checks the mode equality at graph level (above)
+MODES = {2: ("bf16", "mxfp8")}  # (the spawn is W = 2 only; graph level covers both modes at W = 4)
 
 
 class _Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
@@ -540,8 +543,7 @@ def _c10d_checks(rank: int, world: int) -> dict:
         lambda x: fc.all_reduce(x, "sum", group),
         lambda x: fc.reduce_scatter_tensor(x, "sum", 0, group),
     )
-    if world == 2:  # (one world is enough to show every rank takes the same decision)
-        results["skipped_graph"] = _skipped_graph_runs(group)
+    results["skipped_graph"] = _skipped_graph_runs(group)
     return results
 
 
@@ -632,28 +634,19 @@ def vllm_and_gloo2_reports():
     return {rank: {"c10d": r} for rank, r in run_ranks(_c10d_rank_body, 2, timeout=600).items()}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["gloo2", "gloo4"])
-def gloo_reports(request):
-    from spawn_helpers import run_ranks
-
-    if request.param == 2:
-        return 2, {rank: r["c10d"] for rank, r in request.getfixturevalue("vllm_and_gloo2_reports").items()}
-    return request.param, run_ranks(_c10d_rank_body, request.param, timeout=600)
-
-
 @pytest.mark.distributed
-def test_sp_rewrite_distributed(gloo_reports):
+def test_sp_rewrite_distributed(vllm_and_gloo2_reports):
     """TP model on gloo: one compile for both token counts, the all-reduces gone, logits within the
     tolerance of the all-reduce program on every rank, bitwise where its reductions agree bitwise,
     bitwise equal across sp_gather modes; a skipped graph runs to the end on every rank."""
-    world, reports = gloo_reports
-    for rank, results in reports.items():
+    world = 2
+    for rank, both in vllm_and_gloo2_reports.items():
+        results = both["c10d"]
         for mode in MODES[world]:
             _assert_sp_run(rank, results, mode, "c10d", world)
         assert results["modes_equal"] == [True] * len(results["modes_equal"]), rank
         assert sum(v for k, v in results["mxfp8"]["matched"].items() if k.packed_gather) == 2 * DIST_CONFIG.n_layers
-        not_run = {"same": True, "skips": [SkipCode.ALL_REDUCE_NO_NORM]}  # (W = 4 does not run it)
-        skipped = results.get("skipped_graph", not_run)
+        skipped = results["skipped_graph"]
         assert skipped["same"] and skipped["skips"] == [SkipCode.ALL_REDUCE_NO_NORM], skipped
 
 
