@@ -352,7 +352,7 @@ def test_skip_record_is_typed(world):
     assert verdict.node.target is c10d.all_reduce.default
     # `mxfuse explain` shows it though it belongs to no norm
     verdicts = ex.explain(graph, PassOptions(sequence_parallel=True, fuse_norm_quant=False))
-    (whole,) = [v for v in verdicts if v.kind == "whole_graph"]
+    (whole,) = [v for v in verdicts if v.whole_graph]
     assert (whole.node, whole.rewrite, whole.fused, whole.detail) == (verdict.node.name, sp.NAME, False, verdict.reason)
 
 

@@ -49,6 +49,7 @@ class Verdict:
     module: str | None  # the nn.Module path, e.g. "layers.0.input_norm"
     source: str | None  # last frame of the node's stack trace: "models.py:204 in forward"
     source_line: str | None  # the code on that line
+    whole_graph: bool = False  # not a norm: a rewrite left the whole graph (node: an all-reduce; kind "whole_graph")
 
     def line(self) -> str:
         where = " ".join(filter(None, (self.module, f"({self.source})" if self.source else None)))
@@ -110,7 +111,8 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
         verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code))
     for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
         if record.code.whole_graph:
-            verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, None, None, None))
+            verdict = Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, None, None, None, True)
+            verdicts.append(verdict)
     _emit(verdicts)
     return verdicts
 
