@@ -49,12 +49,13 @@ class Verdict:
     module: str | None  # the nn.Module path, e.g. "layers.0.input_norm"
     source: str | None  # last frame of the node's stack trace: "models.py:204 in forward"
     source_line: str | None  # the code on that line
-    whole_graph: bool = False  # not a norm: a rewrite left the whole graph (node: an all-reduce; kind "whole_graph")
 
     def line(self) -> str:
         where = " ".join(filter(None, (self.module, f"({self.source})" if self.source else None)))
         status = f"fused: {self.detail}" if self.fused else f"not fused: {self.detail}"
         return f"{self.node} [{self.kind}] {where}".rstrip() + f" -> {status}"
+
+    whole_graph: bool = False  # not a norm: a rewrite left the whole graph (node: an all-reduce; kind "whole_graph")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
     for record in report.skipped:
         skips.setdefault(record.node, []).append(record)
     verdicts = []
+    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
+        if record.code.whole_graph:
+            fields = {"module": None, "source": None, "source_line": None, "whole_graph": True}
+            verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, **fields))
     for norm in find_norms(before):
         if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
             continue  # dead in the graph handed to the pass
@@ -109,10 +114,6 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
             continue
         rewrite, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
         verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code))
-    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
-        if record.code.whole_graph:
-            verdict = Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, None, None, None, True)
-            verdicts.append(verdict)
     _emit(verdicts)
     return verdicts
 

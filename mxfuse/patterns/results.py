@@ -70,6 +70,11 @@ class FusionKind:
 class SkipCode(enum.Enum):
     """Why a rewrite left a site alone (the reason text beside it says it for people)."""
 
+    @property
+    def whole_graph(self) -> bool:
+        """The rewrite left the whole graph alone (the node is an all-reduce, not a norm or a quant input)."""
+        return self in WHOLE_GRAPH
+
     NO_SHAPES = "no fake tensor (graph not traced with shapes)"
     ACTIVATION_DTYPE = "activation dtype the fused kernels do not take"
     HIDDEN_SIZE = "hidden size symbolic or not a multiple of 32"
@@ -89,7 +94,6 @@ class SkipCode(enum.Enum):
     PARTIAL_GATHER = "only one of codes/scales crosses an all-gather"
     GROUP_MISMATCH = "codes and scales gathered by different groups or families"
     GATHERED_SHAPES = "gathered codes/scales of unexpected shape"
-    REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
     # sequence_parallel decides for the whole graph (see WHOLE_GRAPH); the skip names an all-reduce
     ALL_REDUCE_FORM = "an all-reduce that is not a sum over a constant group of 2-D token rows"
     ALL_REDUCE_GROUPS = "all-reduces over more than one group or family"
@@ -99,11 +103,18 @@ class SkipCode(enum.Enum):
     NORM_IN_PLACE = "a norm reading an all-reduce is in place (auto_functionalized)"
     SWIZZLED_PADDED = "swizzled scales of rows that may be padded"
     UNGATHERABLE = "a value read outside the local rows has no tensor to gather"
+    REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
 
-    @property
-    def whole_graph(self) -> bool:
-        """The rewrite left the whole graph alone (the node is an all-reduce, not a norm or a quant input)."""
-        return self in WHOLE_GRAPH
+
+@dataclass(frozen=True)
+class Reason:
+    """A refusal from a guard: its code and the text for people."""
+
+    code: SkipCode
+    text: str
+
+    def prefixed(self, prefix: str) -> Reason:
+        return Reason(self.code, f"{prefix}{self.text}")
 
 
 WHOLE_GRAPH = frozenset(
@@ -118,17 +129,6 @@ WHOLE_GRAPH = frozenset(
         SkipCode.UNGATHERABLE,
     }
 )
-
-
-@dataclass(frozen=True)
-class Reason:
-    """A refusal from a guard: its code and the text for people."""
-
-    code: SkipCode
-    text: str
-
-    def prefixed(self, prefix: str) -> Reason:
-        return Reason(self.code, f"{prefix}{self.text}")
 
 
 @dataclass(frozen=True)
