@@ -61,6 +61,8 @@ class Verdict:
         status = f"fused: {self.detail}" if self.fused else f"not fused: {self.detail}"
         return f"{self.node} [{self.kind}] {where}".rstrip() + f" -> {status}"
 
+    whole_graph: bool = False  # not a norm: a rewrite left the whole graph (node: an all-reduce; kind "whole_graph")
+
 
 @dataclass(frozen=True)
 class QuantInput:
@@ -100,6 +102,10 @@ def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: 
     for record in report.skipped:
         skips.setdefault(record.node, []).append(record)
     verdicts = []
+    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
+        if record.code.whole_graph:
+            fields = {"module": None, "source": None, "source_line": None, "whole_graph": True}
+            verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, **fields))
     for norm in find_norms(before):
         if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
             continue  # dead in the graph handed to the pass

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
+from torch._inductor.pattern_matcher import get_arg_value
 
-from mxfuse.patterns.fx_utils import arg, fake, is_call, static_int
+from mxfuse.patterns.fx_utils import fake, is_call, static_int
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,18 @@ def match_all_reduce(node: fx.Node) -> AllReduce | None:
         if len(waits) != 1 or len(node.users) != 1:
             return None
         return AllReduce(
-            "c10d", node, waits[0], arg(node, 0, "input"), arg(node, 2, "group_name"), arg(node, 1, "reduce_op")
+            "c10d",
+            node,
+            waits[0],
+            get_arg_value(node, 0, "input"),
+            get_arg_value(node, 2, "group_name"),
+            get_arg_value(node, 1, "reduce_op"),
         )
     ns = torch.ops.vllm
     if hasattr(ns, "all_reduce") and is_call(node, ns.all_reduce.default):
-        return AllReduce("vllm", node, node, arg(node, 0, "tensor"), arg(node, 1, "group_name"), "sum")
+        return AllReduce(
+            "vllm", node, node, get_arg_value(node, 0, "tensor"), get_arg_value(node, 1, "group_name"), "sum"
+        )
     return None
 
 
@@ -81,10 +89,10 @@ def world_size_of(graph: fx.Graph, family: str, group_name: str) -> int | None:
         names = [a.name for a in schema.arguments]
         if "group_name" not in names or not ({"world_size", "group_size"} & set(names)):
             continue
-        if arg(node, names.index("group_name"), "group_name") != group_name:
+        if get_arg_value(node, names.index("group_name"), "group_name") != group_name:
             continue
         key = "world_size" if "world_size" in names else "group_size"
-        size = static_int(arg(node, names.index(key), key))
+        size = static_int(get_arg_value(node, names.index(key), key))
         if size is not None:
             return size
     try:

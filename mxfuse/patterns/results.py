@@ -49,8 +49,11 @@ class FusionKind:
     quant_form: str | None = None
     gather_form: str | None = None
     keeps_bf16_gather: bool = False
+    padded: bool = False
 
     def __str__(self) -> str:
+        if self.site == "sequence_parallel":
+            return f"sequence_parallel:{self.gather_form}_all_reduce->reduce_scatter{'+pad' if self.padded else ''}"
         if self.site == "norm_quant":
             return f"{self.norm_kind}->{self.quant_form}_quant:{self.layout}{'+y' if self.writes_y else ''}"
         if self.site == "norm_gather":
@@ -66,6 +69,11 @@ class FusionKind:
 
 class SkipCode(enum.Enum):
     """Why a rewrite left a site alone (the reason text beside it says it for people)."""
+
+    @property
+    def whole_graph(self) -> bool:
+        """The rewrite left the whole graph alone (the node is an all-reduce, not a norm or a quant input)."""
+        return self in WHOLE_GRAPH
 
     NO_SHAPES = "no fake tensor (graph not traced with shapes)"
     ACTIVATION_DTYPE = "activation dtype the fused kernels do not take"
@@ -86,6 +94,15 @@ class SkipCode(enum.Enum):
     PARTIAL_GATHER = "only one of codes/scales crosses an all-gather"
     GROUP_MISMATCH = "codes and scales gathered by different groups or families"
     GATHERED_SHAPES = "gathered codes/scales of unexpected shape"
+    # sequence_parallel decides for the whole graph (see WHOLE_GRAPH); the skip names an all-reduce
+    ALL_REDUCE_FORM = "an all-reduce that is not a sum over a constant group of 2-D token rows"
+    ALL_REDUCE_GROUPS = "all-reduces over more than one group or family"
+    WORLD_SIZE_UNKNOWN = "the group's world size is unknown, or 1"
+    ROWS_DIFFER = "an input to shard is not 2-D with the all-reduce's token rows"
+    ALL_REDUCE_NO_NORM = "an all-reduce feeds no Gemma norm"
+    NORM_IN_PLACE = "a norm reading an all-reduce is in place (auto_functionalized)"
+    SWIZZLED_PADDED = "swizzled scales of rows that may be padded"
+    UNGATHERABLE = "a value read outside the local rows has no tensor to gather"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
     VIEW_NOT_ROWS = "the output reaches the quant through a view that does not keep the rows whole"
@@ -102,19 +119,33 @@ class Reason:
         return Reason(self.code, f"{prefix}{self.text}")
 
 
+WHOLE_GRAPH = frozenset(
+    {
+        SkipCode.ALL_REDUCE_FORM,
+        SkipCode.ALL_REDUCE_GROUPS,
+        SkipCode.WORLD_SIZE_UNKNOWN,
+        SkipCode.ROWS_DIFFER,
+        SkipCode.ALL_REDUCE_NO_NORM,
+        SkipCode.NORM_IN_PLACE,
+        SkipCode.SWIZZLED_PADDED,
+        SkipCode.UNGATHERABLE,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Skip:
     """A site a rewrite left alone, as planned (graph nodes; see :class:`SkipRecord`)."""
 
     rewrite: str
-    node: fx.Node  # the norm's output y, or the quantized tensor (`quant_site`)
-    norm_kind: str | None  # None: the site is a quant input that is not a recognized norm
+    node: fx.Node  # the norm's output y, the quantized tensor (`quant_site`), or an all-reduce (`code.whole_graph`)
+    norm_kind: str | None  # None: the site is a quant input that is not a recognized norm, or the whole graph
     code: SkipCode
     reason: str
 
     @property
     def quant_site(self) -> bool:
-        return self.norm_kind is None
+        return self.norm_kind is None and not self.code.whole_graph
 
     def record(self) -> SkipRecord:
         return SkipRecord(self.rewrite, self.norm_kind, self.node.name, self.code, self.reason)
@@ -131,7 +162,9 @@ class SkipRecord:
     reason: str
 
     def as_dict(self) -> dict:
-        kind = self.norm_kind if self.norm_kind is not None else "quant_input"
+        kind = self.norm_kind
+        if kind is None:  # no norm: a quant input, or the whole graph (the node is an all-reduce)
+            kind = "whole_graph" if self.code.whole_graph else "quant_input"
         return {"rewrite": self.rewrite, "kind": kind, "node": self.node, "reason": self.reason}
 
 

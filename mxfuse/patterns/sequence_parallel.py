@@ -37,8 +37,8 @@ and their fake values are re-derived on the local rows.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -49,6 +49,7 @@ from mxfuse.patterns.all_reduces import AllReduce, all_reduce_reason, is_all_red
 from mxfuse.patterns.fx_utils import call, fake, getitem_users, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.norms import NormMatch, find_norms
 from mxfuse.patterns.quants import match_quant
+from mxfuse.patterns.results import FusionKind, Skip, SkipCode
 from mxfuse.patterns.sp_emit import (
     Collectives,
     Rows,
@@ -61,56 +62,18 @@ from mxfuse.patterns.sp_emit import (
     row_nodes,
 )
 
+if TYPE_CHECKING:
+    from mxfuse.passes.options import PassOptions
+
 NAME = "sequence_parallel"
 aten = torch.ops.aten
 SUPPORTED_NORM_FORMS = ("mxfuse", "vllm_ir", "hf")  # one node (or ATen chain) whose inputs can be rewired
 
 
-class SkipCode(enum.Enum):
-    """Why a graph was left as it was (one per reason family; the text says which node)."""
-
-    ALL_REDUCE_FORM = "all_reduce_form"  # not a sum, group not a constant, not 2-D rows
-    GROUPS_DIFFER = "groups_differ"
-    WORLD_SIZE_UNKNOWN = "world_size_unknown"
-    ROWS_DIFFER = "rows_differ"
-    NO_NORM = "no_norm"
-    NORM_FORM = "norm_form"
-    SWIZZLED_PADDED = "swizzled_padded"
-    UNGATHERABLE = "ungatherable"
-
-
-@dataclass(frozen=True)
-class CollectiveSite:
-    """Stands in for a NormMatch in a Skip (the report reads `.kind` and `.y.name`)."""
-
-    y: fx.Node
-
-    @property
-    def kind(self) -> str:
-        return "all_reduce"
-
-
-@dataclass(frozen=True)
-class Skip:
-    """The graph left as it was, and why (shown by the debug log and `mxfuse explain`)."""
-
-    norm: CollectiveSite
-    code: SkipCode
-    reason: str
-    rewrite: str = NAME
-
-    @property
-    def node(self) -> str:
-        return self.norm.y.name
-
-    @property
-    def norm_kind(self) -> str:
-        return self.norm.kind
-
-
 @dataclass(frozen=True)
 class SequenceParallelPlan:
-    """The whole-graph rewrite: every all-reduce of the group, every norm it makes local."""
+    """The whole-graph rewrite (a :class:`~mxfuse.patterns.results.Fusion`): every all-reduce of the
+    group, every norm it makes local."""
 
     family: str
     group_name: str
@@ -127,12 +90,30 @@ class SequenceParallelPlan:
         return [ar.start for ar in self.all_reduces]
 
     @property
+    def site(self) -> fx.Node:
+        return self.all_reduces[0].start
+
+    @property
     def collectives(self) -> Collectives:
         return Collectives(self.family, self.group_name, self.world_size)
 
     @property
-    def kind(self) -> str:
-        return f"sequence_parallel:{self.family}_all_reduce->reduce_scatter{'+pad' if self.pad else ''}"
+    def kind(self) -> FusionKind:
+        return FusionKind(
+            rewrite=NAME,
+            norm_kind=None,
+            fuses_norm=False,
+            writes_y=False,
+            packed_gather=False,
+            site="sequence_parallel",
+            gather_form=self.family,
+            padded=self.pad,
+        )
+
+
+def _skip(all_reduce: fx.Node, code: SkipCode, reason: str) -> Skip:
+    """The whole graph left as it was: named by an all-reduce (the reason names the node at fault)."""
+    return Skip(NAME, all_reduce, None, code, reason)
 
 
 # ------------------------------------------------------------------ plan
@@ -172,7 +153,7 @@ def _outside_users(node: fx.Node, region: set) -> list[fx.Node]:
     return [u for u in node.users if u not in region]
 
 
-def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | None:
+def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
     """The whole-graph decision (None: no all-reduce, nothing to do)."""
     starts = [n for n in graph.nodes if is_all_reduce(n)]
     if not starts:
@@ -182,18 +163,16 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
         ar = match_all_reduce(start)
         reason = all_reduce_reason(ar)
         if reason is not None:
-            return Skip(CollectiveSite(start), SkipCode.ALL_REDUCE_FORM, reason)
+            return _skip(start, SkipCode.ALL_REDUCE_FORM, reason)
         ars.append(ar)
     groups = {(ar.family, ar.group_name) for ar in ars}
     if len(groups) != 1:
-        return Skip(
-            CollectiveSite(ars[0].start), SkipCode.GROUPS_DIFFER, f"all_reduces over several groups {sorted(groups)}"
-        )
+        return _skip(ars[0].start, SkipCode.ALL_REDUCE_GROUPS, f"all_reduces over several groups {sorted(groups)}")
     family, group = groups.pop()
     world = world_size_of(graph, family, group)
     if world is None or world < 2:
         why = "unknown (no collective or process group carries it)" if world is None else f"{world}: nothing to shard"
-        return Skip(CollectiveSite(ars[0].start), SkipCode.WORLD_SIZE_UNKNOWN, f"world size of group {group!r} {why}")
+        return _skip(ars[0].start, SkipCode.WORLD_SIZE_UNKNOWN, f"world size of group {group!r} {why}")
     rows = fake(ars[0].x).shape[0]
 
     sharded = {ar.out for ar in ars}
@@ -202,9 +181,9 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
         if not any(i in sharded for i in _norm_inputs(norm)):
             continue
         if norm.form not in SUPPORTED_NORM_FORMS:
-            return Skip(
-                CollectiveSite(norm.y),
-                SkipCode.NORM_FORM,
+            return _skip(
+                ars[0].start,
+                SkipCode.NORM_IN_PLACE,
                 f"{norm.kind} norm {norm.y.name} reads an all-reduce; {norm.form} norms (in place, under "
                 "auto_functionalized) are not rewritten to local rows",
             )
@@ -213,9 +192,9 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
     read_by_norm = {i for norm in norms for i in _norm_inputs(norm)}
     for ar in ars:
         if ar.out not in read_by_norm:
-            return Skip(
-                CollectiveSite(ar.start),
-                SkipCode.NO_NORM,
+            return _skip(
+                ar.start,
+                SkipCode.ALL_REDUCE_NO_NORM,
                 f"all_reduce {ar.start.name} feeds no Gemma norm (e.g. an MoE or another reduction); "
                 "the graph keeps its all-reduces",
             )
@@ -226,9 +205,8 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
         val = fake(node)
         if val is None or val.dim() != 2 or not statically_known_true(val.shape[0] == rows):
             shape = None if val is None else tuple(val.shape)
-            return Skip(
-                CollectiveSite(node), SkipCode.ROWS_DIFFER, f"{node.name} {shape} is not 2-D with the {rows} token rows"
-            )
+            text = f"{node.name} {shape} is not 2-D with the {rows} token rows"
+            return _skip(ars[0].start, SkipCode.ROWS_DIFFER, text)
     t = static_int(rows)
     pad = t is None or t % world != 0
     for node in [ar.out for ar in ars] + region_list:
@@ -236,11 +214,11 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
             if user.op == "output":
                 continue
             if fake(node) is None:
-                return Skip(CollectiveSite(node), SkipCode.UNGATHERABLE, f"{node.name} has no tensor value to gather")
+                return _skip(ars[0].start, SkipCode.UNGATHERABLE, f"{node.name} has no tensor value to gather")
             quant = match_quant(user)
             if pad and quant is not None and quant.swizzled:
-                return Skip(
-                    CollectiveSite(node),
+                return _skip(
+                    ars[0].start,
                     SkipCode.SWIZZLED_PADDED,
                     f"token count {rows} may not divide world size {world} and quant {user.name} asks for swizzled "
                     "scales (a padded gather's 128x4 tiles do not cut back to T rows)",
@@ -250,22 +228,12 @@ def plan_graph(graph: fx.Graph, options=None) -> SequenceParallelPlan | Skip | N
     )
 
 
-def plan(graph: fx.Graph, options=None) -> tuple[list[SequenceParallelPlan], list[Skip]]:
-    """Today's pass loop: `(actions, skips)`; nothing unless `options.sequence_parallel`."""
-    if options is not None and not getattr(options, "sequence_parallel", False):
-        return [], []
-    verdict = plan_graph(graph, options)
-    if verdict is None:
-        return [], []
-    return ([], [verdict]) if isinstance(verdict, Skip) else ([verdict], [])
-
-
 # ------------------------------------------------------------------ apply
 
 
-def apply(graph: fx.Graph, action: SequenceParallelPlan, options=None) -> fx.Node | None:
+def _rewrite(graph: fx.Graph, action: SequenceParallelPlan) -> fx.Node | None:
     """Rewrite the whole graph as planned; returns the last reduce-scatter (None: plan stale)."""
-    if not isinstance(action, SequenceParallelPlan) or any(ar.start.graph is not graph for ar in action.all_reduces):
+    if any(ar.start.graph is not graph for ar in action.all_reduces):
         return None
     region, coll = set(action.region), action.collectives
     first = _graph_order([ar.x for ar in action.all_reduces] + list(action.replicated))[0]
@@ -325,32 +293,28 @@ def _quant_on_padded(graph, quant: fx.Node, full_node, gathered, rows: Rows) -> 
 
 
 class SequenceParallelRewrite:
-    """The rewrite in the typed interface: `name`, `plan(graph, options)`, `apply(graph, item, options)`."""
+    """Rewrite 0 (see the module docstring): one plan item per graph, a fusion or a whole-graph skip."""
 
     name = NAME
 
-    def plan(self, graph: fx.Graph, options) -> list[SequenceParallelPlan | Skip]:
-        actions, skips = plan(graph, options)
-        return [*actions, *skips]
+    def plan(self, graph: fx.Graph, options: PassOptions) -> list[SequenceParallelPlan | Skip]:
+        """Nothing unless `options.sequence_parallel`; else the whole-graph decision (none: no all-reduce)."""
+        if not options.sequence_parallel:
+            return []
+        verdict = plan_graph(graph)
+        return [] if verdict is None else [verdict]
 
-    def apply(self, graph: fx.Graph, item: SequenceParallelPlan, options) -> fx.Node | None:
-        return apply(graph, item, options)
+    def apply(self, graph: fx.Graph, fusion: SequenceParallelPlan, options: PassOptions) -> fx.Node | None:
+        """Rewrite the whole graph as planned; returns the last reduce-scatter (None: the plan is stale)."""
+        return _rewrite(graph, fusion)
 
-
-REWRITE = SequenceParallelRewrite()
 
 __all__ = [
     "NAME",
-    "REWRITE",
     "AllReduce",
-    "CollectiveSite",
     "SequenceParallelPlan",
     "SequenceParallelRewrite",
-    "Skip",
-    "SkipCode",
-    "apply",
     "match_all_reduce",
-    "plan",
     "plan_graph",
     "world_size_of",
 ]

@@ -103,7 +103,10 @@ def cut(graph: fx.Graph, x: fx.Node, rows: Rows) -> fx.Node:
 
 def refresh(node: fx.Node) -> None:
     """Re-derive the fake value of a node whose inputs now hold local rows."""
-    vals = lambda a: a.meta["val"] if isinstance(a, fx.Node) else a
+
+    def vals(a):
+        return a.meta["val"] if isinstance(a, fx.Node) else a
+
     args, kwargs = fx.node.map_arg(node.args, vals), fx.node.map_arg(node.kwargs, vals)
     if node.target is operator.getitem:
         node.meta["val"] = operator.getitem(*args)
