@@ -13,16 +13,39 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import os
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
-from mxfuse.passes import MxfusePass, PassOptions
+if TYPE_CHECKING:
+    from mxfuse.passes import MxfusePass, PassOptions
 
 __version__ = "0.1.0"
 __all__ = ["MxfusePass", "PassOptions", "explain", "post_grad_pass"]
 
 _VLLM_PASS_MODULE = "vllm.compilation.passes.inductor_pass"
+
+
+def _started_as_the_command() -> bool:
+    """True while the `mxfuse` command (`mxfuse ...`, `python -m mxfuse ...`) starts: it parses
+    its arguments before importing torch (`--help` answers at once), and each subcommand
+    imports the ops it runs. Every other `import mxfuse` registers the ops right away."""
+    argv0 = os.path.basename((getattr(sys, "argv", None) or [""])[0])
+    orig = getattr(sys, "orig_argv", [])
+    run_as_module = any(a == "-m" and b.split(".")[0] == "mxfuse" for a, b in zip(orig, orig[1:]))
+    return argv0 == "mxfuse" or run_as_module
+
+
+def __getattr__(name: str):
+    if name in ("MxfusePass", "PassOptions"):
+        import mxfuse.passes
+
+        return getattr(mxfuse.passes, name)
+    raise AttributeError(f"module 'mxfuse' has no attribute {name!r}")
+
+
+if not _started_as_the_command():
+    import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 
 
 class _Unset:
@@ -39,6 +62,7 @@ def post_grad_pass(
     *,
     fuse_norm_quant: bool | _Unset = _UNSET,
     sp_gather: Literal["auto", "bf16", "mxfp8"] | _Unset = _UNSET,
+    sequence_parallel: bool | _Unset = _UNSET,
     dump_dir: str | None | _Unset = _UNSET,
     strict: bool | _Unset = _UNSET,
 ) -> MxfusePass:
@@ -48,7 +72,15 @@ def post_grad_pass(
     environment (`MXFUSE_OPTIONS`, `MXFUSE_DUMP_DIR`, `MXFUSE_STRICT`) else its default,
     by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way).
     """
-    given = {"fuse_norm_quant": fuse_norm_quant, "sp_gather": sp_gather, "dump_dir": dump_dir, "strict": strict}
+    from mxfuse.passes import MxfusePass, PassOptions
+
+    given = {
+        "fuse_norm_quant": fuse_norm_quant,
+        "sp_gather": sp_gather,
+        "sequence_parallel": sequence_parallel,
+        "dump_dir": dump_dir,
+        "strict": strict,
+    }
     return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
 
 

@@ -484,9 +484,6 @@ class _TorchImported(Exception):
     pass
 
 
-@pytest.mark.xfail(
-    raises=_TorchImported, strict=True, reason="until mxfuse/__init__.py stops importing torch eagerly (lead)"
-)
 def test_python_dash_m_mxfuse_help_imports_neither_vllm_nor_torch():
     """`python -m mxfuse demo --help`: never vLLM (the CLI must work without it); torch not before argparse."""
     code = (
