@@ -11,13 +11,13 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.ops import reference
+from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.norm_quant import example_inputs
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
-FP8 = torch.float8_e4m3fn
 K = 64
 W = 2
 GROUP = "sp_test_group"
@@ -30,9 +30,8 @@ GROUP = "sp_test_group"
 def linear_swizzled(codes: torch.Tensor, scales: torch.Tensor, wc: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     """An MXFP8 GEMM whose activation scales are F8_128x4-swizzled (2-D, or vLLM's flat 1-D)."""
     m, k = codes.shape
-    s, sp = k // 32, (k // 32 + 3) // 4 * 4
-    tiles = scales.reshape(-1, sp)[: (m + 127) // 128 * 128]
-    rowmajor = reference.unswizzle_scales(tiles, m, s)
+    tiles = scales.reshape(-1, padded_scale_columns(k))[: padded_rows(m)]
+    rowmajor = reference.unswizzle_scales(tiles, m, scale_columns(k))
     return reference.mxfp8_linear(codes, rowmajor, wc, ws, torch.bfloat16)
 
 
