@@ -11,7 +11,6 @@ import collections
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
 
 from mxfuse.models import (
     GemmaNorm,
@@ -25,23 +24,12 @@ from mxfuse.models import (
     swiglu_oai_native,
 )
 from mxfuse.ops import reference
+from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
 try:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 except ImportError:  # pragma: no cover
     CustomGraphPass = object
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
-
-
-def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    if not torch.equal(bits(a), bits(b)):
-        diff = (a.float() - b.float()).abs()
-        n = (bits(a) != bits(b)).sum().item()
-        raise AssertionError(f"not bitwise equal: {n} elements differ, max |diff| {diff.max()}")
 
 
 class GraphRecorder(CustomGraphPass):
@@ -199,7 +187,7 @@ def test_model_shapes_and_determinism():
     assert_bitwise(ya, b(ids))
     assert_bitwise(ya, a(ids))
     other = Model(cfg.replace(seed=1))(ids)
-    assert not torch.equal(bits(ya), bits(other))
+    assert not bitwise_equal(ya, other)
     # causal: the first rows do not depend on later tokens
     assert_bitwise(a(ids[:16]), ya[:16])
     # one token works
@@ -278,12 +266,12 @@ def _sp_rank_body(rank: int, world: int, port: int) -> dict:
         ids = example_inputs(cfg, n, seed=n)
         expected = local_rows(full(ids), rank, world)
         out = sp_model(local_rows(ids, rank, world))
-        results[f"eager_{n}"] = torch.equal(bits(out), bits(expected))
+        results[f"eager_{n}"] = bitwise_equal(out, expected)
     recorder = GraphRecorder()
     compiled = torch.compile(sp_model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
     ids = example_inputs(cfg, 32, seed=32)
     out = compiled(local_rows(ids, rank, world))
-    results["compiled_32"] = torch.equal(bits(out), bits(local_rows(full(ids), rank, world)))
+    results["compiled_32"] = bitwise_equal(out, local_rows(full(ids), rank, world))
     counts, edges = recorder.graphs[-1], recorder.edges[-1]
     results["counts"] = dict(counts)
     results["edges"] = sorted(edges)

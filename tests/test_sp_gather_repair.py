@@ -44,10 +44,7 @@ def broken_block(swizzled=True, as_uint8=True, residual=True):
     def fn(x, r, w):
         y, res = gemma_norm(x, r, w, residual)
         q, s = mx.mxfp8_quantize(y, swizzled)
-        if as_uint8:
-            q = c10d_gather(q.view(torch.uint8)).view(FP8_DTYPE)
-        else:
-            q = c10d_gather(q)
+        q = c10d_gather(q.view(torch.uint8)).view(FP8_DTYPE) if as_uint8 else c10d_gather(q)
         s = c10d_gather(s)
         out = linear_swizzled(q, s, wc, ws) if swizzled else mx.mxfp8_linear(q, s, wc, ws, torch.bfloat16)
         return out, res

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
+
+from mxfuse.testing import run_ranks
 
 WORLD = 2
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
@@ -69,7 +70,11 @@ def _checks(rank: int, group: str, PassOptions) -> dict:
     with torch.no_grad():
         eager = block(x, residual)
     results = {}
-    for name, options in (("none", None), ("bf16", PassOptions.from_env(sp_gather="bf16")), ("mxfp8", PassOptions.from_env(sp_gather="mxfp8"))):
+    for name, options in (
+        ("none", None),
+        ("bf16", PassOptions.from_env(sp_gather="bf16")),
+        ("mxfp8", PassOptions.from_env(sp_gather="mxfp8")),
+    ):
         torch._dynamo.reset()
         capture = _Gathers(options)
         compiled = torch.compile(block, fullgraph=True, options={"post_grad_custom_post_pass": capture})

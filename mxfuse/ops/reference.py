@@ -35,11 +35,11 @@ class QuantRule(enum.IntEnum):
 
     The ops take it as an int argument (`rule`); a rewrite picks it from the quant it
     replaces. Every other value encodes the same under both rules (the E8M0 scale is
-    the exact `ceil(log2(amax / 448))` rule of DESIGN.md in both).
+    the exact `ceil(log2(amax / 448))` rule of docs/design.md, "The E8M0 scale of a block", in both).
     """
 
     DEFAULT = 0
-    """DESIGN.md's rule: NaN takes no part in the amax (only the NaN element encodes as
+    """docs/design.md's rule: NaN takes no part in the amax (only the NaN element encodes as
     NaN); a block with scale byte 0 is multiplied by 2**127 (its codes keep their bits)."""
     TORCHAO = 1
     """torchao's RCEIL (`_to_mx_rceil`): a NaN makes the whole block NaN (scale byte 255,
@@ -109,10 +109,10 @@ def _quantize_rows_torchao(x: Tensor) -> tuple[Tensor, Tensor]:
     nan_block = torch.isnan(amax)
     sb = e8m0_scale_from_amax(torch.where(nan_block, 0.0, amax))
     multiplier = torch.where(sb == 0, 1.0, e8m0_multiplier(sb))
-    multiplier = torch.where(nan_block, amax / E4M3_MAX, multiplier)
-    q = (v * multiplier).clamp(-E4M3_MAX, E4M3_MAX)
+    multiplier = torch.where(nan_block, amax / FP8_MAX, multiplier)
+    q = (v * multiplier).clamp(-FP8_MAX, FP8_MAX)
     sb = torch.where(nan_block, E8M0_NAN, sb)
-    return q.to(torch.float8_e4m3fn).reshape(m, k), sb.reshape(m, k // BLOCK)
+    return q.to(FP8_DTYPE).reshape(m, k), sb.reshape(m, scale_columns(k))
 
 
 def swizzle_scales(scales: Tensor) -> Tensor:

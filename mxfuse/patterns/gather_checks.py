@@ -82,7 +82,8 @@ def gathered_shapes_reason(quant: QuantMatch, codes_out: fx.Node, scales_out: fx
         )
     if not quant.swizzled and (scales.dim() != 2 or not statically_known_true(scales.shape[0] == ws * m)):
         return Reason(
-            SkipCode.GATHERED_SHAPES, f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {scale_columns(k)}]"
+            SkipCode.GATHERED_SHAPES,
+            f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {scale_columns(k)}]",
         )
     if quant.swizzled and scales.dim() not in (1, 2):
         return Reason(SkipCode.GATHERED_SHAPES, f"gathered swizzled scales are {scales.dim()}-D")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from mxfuse.ops.mx_layout import FP8_DTYPE, padded_scale_columns, packed_width
+from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width, padded_scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import call, fake, getitem, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.gather_checks import shape_reads
