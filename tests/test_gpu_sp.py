@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sp_helpers import GatherCapture, sp_gather_modes
 
 from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
@@ -34,22 +35,6 @@ def _rank_body(rank, world, port):
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     import mxfuse  # noqa: F401
     from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
-    from mxfuse.passes import post_grad
-    from mxfuse.passes.options import PassOptions
-
-    class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-        def __init__(self, options):
-            self.options, self.gathers, self.calls = options, [], 0
-
-        def __call__(self, graph):
-            self.calls += 1
-            if self.options is not None:
-                post_grad.run(graph, self.options)
-            ag = torch.ops._c10d_functional.all_gather_into_tensor.default
-            self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-
-        def uuid(self):
-            return None
 
     dev = torch.device("cuda", rank)
     cfg = ModelConfig.tiny()
@@ -58,13 +43,9 @@ def _rank_body(rank, world, port):
     results = {}
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in tokens(world)}
-        for name, opts in (
-            ("none", None),
-            ("bf16", PassOptions.from_env(sp_gather="bf16")),
-            ("mxfp8", PassOptions.from_env(sp_gather="mxfp8")),
-        ):
+        for name, opts in sp_gather_modes():
             torch._dynamo.reset()
-            cap = Capture(opts)
+            cap = GatherCapture(opts)
             compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
             same = []
             for i, n in enumerate(tokens(world)):

@@ -13,31 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sp_helpers import GatherCapture, sp_gather_modes
 
-from mxfuse.testing import run_ranks
+from mxfuse.testing import bitwise_equal, run_ranks
 
 WORLDS = (2, 4)  # TP 2, and TP 4's bitwise part on CPU (issue 7)
 TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / world
-
-
-class _Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """Runs the mxfuse pass (or none) and records each gather's dtype and the report."""
-
-    def __init__(self, options=None):
-        self.options, self.calls, self.gathers, self.report = options, 0, [], None
-
-    def __call__(self, graph):
-        from mxfuse.passes import post_grad
-
-        self.calls += 1
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
-        ag = torch.ops._c10d_functional.all_gather_into_tensor.default
-        self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-
-    def uuid(self):
-        return None
 
 
 def _model_checks(rank, world, results):
@@ -46,21 +27,15 @@ def _model_checks(rank, world, results):
 
     import mxfuse  # noqa: F401
     from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
-    from mxfuse.passes.options import PassOptions
-    from mxfuse.testing import bitwise_equal
 
     cfg = ModelConfig.tiny()
     model = Model(cfg, sp_group=dist.group.WORLD)
     ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world) for n in TOKENS}
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in TOKENS}
-    for name, options in (
-        ("none", None),
-        ("bf16", PassOptions.from_env(sp_gather="bf16")),
-        ("mxfp8", PassOptions.from_env(sp_gather="mxfp8")),
-    ):
+    for name, options in sp_gather_modes():
         torch._dynamo.reset()
-        capture = _Capture(options)
+        capture = GatherCapture(options)
         compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         metrics.reset()
         same = []
@@ -91,7 +66,6 @@ def _broken_checks(rank, world, results):
     from mxfuse.ops import reference
     from mxfuse.ops.mx_layout import FP8_DTYPE, padded_rows, padded_scale_columns, scale_columns
     from mxfuse.passes.options import PassOptions
-    from mxfuse.testing import bitwise_equal
 
     mx = torch.ops.mxfuse
     group = dist.group.WORLD
@@ -122,7 +96,7 @@ def _broken_checks(rank, world, results):
         ("broken_bf16", PassOptions.from_env(sp_gather="bf16")),
     ):
         torch._dynamo.reset()
-        capture = _Capture(options)
+        capture = GatherCapture(options)
         compiled = torch.compile(broken, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out = compiled(xs[rank])
