@@ -24,6 +24,7 @@ from mxfuse.models import (
     swiglu_oai_native,
 )
 from mxfuse.ops import reference
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
 from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
 try:
@@ -86,7 +87,7 @@ def test_config_shapes():
         "down_proj": (6144, 4096),
     }
     for cfg in (tiny, m3):
-        assert all(k % 32 == 0 for _, k in cfg.linear_shapes().values())
+        assert all(k % BLOCK == 0 for _, k in cfg.linear_shapes().values())
     assert ModelConfig.by_name("m3-flash-tp4", n_layers=1).n_layers == 1
     with pytest.raises(ValueError, match="multiple of 32"):
         ModelConfig.tiny(intermediate=100)
@@ -100,7 +101,7 @@ def test_config_shapes():
 def test_mxfp8_linear_module():
     gen = torch.Generator().manual_seed(3)
     lin = MXFP8Linear(128, 96, gen)
-    assert lin.weight_codes.dtype == torch.float8_e4m3fn and lin.weight_codes.shape == (96, 128)
+    assert lin.weight_codes.dtype == FP8_DTYPE and lin.weight_codes.shape == (96, 128)
     assert lin.weight_scales.dtype == torch.uint8 and lin.weight_scales.shape == (96, 4)
     assert not list(lin.parameters())  # only quantized buffers are kept
     x = torch.randn(10, 128, generator=gen).bfloat16()
@@ -141,7 +142,7 @@ def test_dtype_casts_keep_the_mxfp8_weights():
         assert_bitwise(model.to(torch.bfloat16)(ids), expected)
     lin = model.layers[0].qkv_proj.float()  # the linear alone takes fp32 activations
     assert lin(torch.randn(3, 256)).dtype == torch.float32
-    assert lin.to("meta").weight_codes.dtype == torch.float8_e4m3fn  # a device move still applies
+    assert lin.to("meta").weight_codes.dtype == FP8_DTYPE  # a device move still applies
 
 
 def test_gemma_norm_module():
