@@ -18,35 +18,38 @@ from unittest import mock
 
 import pytest
 import torch
+from graph_helpers import assert_bitwise, op_counts
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import mxfuse  # noqa: F401
 from mxfuse.ops.library import MxfuseInputError
-from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
 from mxfuse.ops.reference import QuantRule, gemma_rmsnorm, quantize_rows
-from mxfuse.passes.analysis import op_counts
 from mxfuse.patterns.fx_utils import has_live_users
 from mxfuse.patterns.norm_quant import insert_fused_norm
 from mxfuse.patterns.norms import find_norms, reject_reason
 from mxfuse.patterns.torchao_quant import ScaleSpelling, match_torchao_quant, torchao_quant_users
-from mxfuse.testing import assert_bitwise, bits
 
 mx_formats = pytest.importorskip("torchao.prototype.mx_formats")
-from torchao.prototype.mx_formats import mx_tensor  # noqa: E402  (after the importorskip)
-from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402  (after the importorskip)
-from torchao.prototype.mx_formats.inference_workflow import MXDynamicActivationMXWeightConfig  # noqa: E402  (after the importorskip)
-from torchao.prototype.mx_formats.utils import to_blocked  # noqa: E402  (after the importorskip)
-from torchao.quantization import quantize_  # noqa: E402  (after the importorskip)
-from torchao.quantization.quantize_.common.kernel_preference import KernelPreference  # noqa: E402  (after the importorskip)
+from torchao.prototype.mx_formats import mx_tensor
+from torchao.prototype.mx_formats.config import ScaleCalculationMode
+from torchao.prototype.mx_formats.inference_workflow import MXDynamicActivationMXWeightConfig
+from torchao.prototype.mx_formats.utils import to_blocked
+from torchao.quantization import quantize_
+from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
 mx = torch.ops.mxfuse
+FP8, E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 FUSED_PLAIN, FUSED_ADD = "mxfuse::gemma_rmsnorm_mxfp8", "mxfuse::gemma_fused_add_rmsnorm_mxfp8"
 
 
 def torchao_to_mx(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torchao's RCEIL MXFP8 quant of `x` (what its inference linears run): `(codes, scale bytes)`."""
-    scales, codes = mx_tensor.to_mx(x, FP8_DTYPE, BLOCK, ScaleCalculationMode.RCEIL)
+    scales, codes = mx_tensor.to_mx(x, FP8, 32, ScaleCalculationMode.RCEIL)
     return codes, scales.view(torch.uint8)
+
+
+def code_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
 
 
 # --------------------------------------------------------------------------- the rule
@@ -94,9 +97,9 @@ def test_torchao_rule_equals_torchao_to_mx_bitwise(blocks):
     x = blocks()
     codes, scales = torchao_to_mx(x)
     ours = quantize_rows(x, QuantRule.TORCHAO)
-    assert_bitwise((bits(ours[0]), ours[1]), (bits(codes), scales))
+    assert_bitwise((code_bits(ours[0]), ours[1]), (code_bits(codes), scales))
     op_codes, op_scales = mx.mxfp8_quantize(x.view(2, -1, x.shape[-1]), False, int(QuantRule.TORCHAO))
-    assert_bitwise((bits(op_codes.reshape(x.shape)), op_scales.reshape(scales.shape)), (bits(codes), scales))
+    assert_bitwise((code_bits(op_codes.reshape(x.shape)), op_scales.reshape(scales.shape)), (code_bits(codes), scales))
 
 
 def test_default_rule_differs_from_torchao_only_at_nan_and_scale_byte_zero():
@@ -106,7 +109,7 @@ def test_default_rule_differs_from_torchao_only_at_nan_and_scale_byte_zero():
     nan_block = scales == 255
     assert int(nan_block.sum()) == 4
     assert torch.equal(ours_scales[~nan_block], scales[~nan_block])
-    differs = (bits(ours_codes) != bits(codes)).reshape(*scales.shape, 32).any(-1)
+    differs = (code_bits(ours_codes) != code_bits(codes)).reshape(*scales.shape, 32).any(-1)
     assert differs.any()
     assert not (differs & (scales != 0) & ~nan_block).any()
 
@@ -125,9 +128,9 @@ def test_fused_ops_with_torchao_rule_equal_norm_then_torchao(swizzled):
     codes, scales, _ = mx.gemma_rmsnorm_mxfp8(x, weight, 1e-6, swizzled, rule=rule)
     expected = torchao_to_mx(gemma_rmsnorm(x, weight, 1e-6))
     expected_scales = to_blocked(expected[1]).view(scales.shape) if swizzled else expected[1]
-    assert_bitwise((bits(codes), scales), (bits(expected[0]), expected_scales))
+    assert_bitwise((code_bits(codes), scales), (code_bits(expected[0]), expected_scales))
     assert_bitwise(
-        (bits(codes), scales),
+        (code_bits(codes), scales),
         tuple(map(_as_bytes, mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6), swizzled, rule))),
     )
     add = mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, 1e-6, swizzled, rule=rule)
@@ -136,7 +139,7 @@ def test_fused_ops_with_torchao_rule_equal_norm_then_torchao(swizzled):
 
 
 def _as_bytes(t):
-    return bits(t) if t.dtype == FP8_DTYPE else t
+    return code_bits(t) if t.dtype == FP8 else t
 
 
 @pytest.mark.parametrize("rule", [2, -1])
@@ -161,7 +164,7 @@ def test_opcheck_with_the_torchao_rule(op):
 def nan_sign_free(codes: torch.Tensor) -> torch.Tensor:
     """Code bytes with every NaN as 0x7F: which NaN operand survives (its sign) is an
     implementation detail (x86 vs GPU, eager vs Inductor); NaN-ness is compared."""
-    return bits(torch.where(codes.float().isnan(), float("nan"), codes.float()).to(FP8_DTYPE))
+    return code_bits(torch.where(codes.float().isnan(), float("nan"), codes.float()).to(FP8))
 
 
 @pytest.mark.gpu
@@ -200,7 +203,7 @@ def traced_to_mx(x: torch.Tensor, scaling_mode=ScaleCalculationMode.RCEIL):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def quant(data):
-        scales, codes = mx_tensor.to_mx(data, FP8_DTYPE, BLOCK, scaling_mode)
+        scales, codes = mx_tensor.to_mx(data, FP8, 32, scaling_mode)
         return codes, scales
 
     return make_fx(quant, decomposition_table=select_decomp_table(), tracing_mode="fake")(x)
@@ -341,7 +344,7 @@ def test_blocked_scales_are_written_blocked():
     def quant_for_scaled_mm(x):
         y = mx.gemma_rmsnorm(x, norm_weight, 1e-6)
         a = y.reshape(-1, x.shape[-1])
-        scales, codes = mx_tensor.to_mx(a, FP8_DTYPE, BLOCK, ScaleCalculationMode.RCEIL)
+        scales, codes = mx_tensor.to_mx(a, FP8, 32, ScaleCalculationMode.RCEIL)
         return codes, to_blocked(scales.view(a.shape[0], -1)).view(torch.uint8), y * 2
 
     x = torch.randn(3, 50, 96 * 32).to(torch.bfloat16)
@@ -431,7 +434,7 @@ def test_hugging_face_norm_into_torchao_quant_is_within_the_stated_bound():
     with torch.no_grad():
         actual = fused_fn(*args)
         assert_within_foreign_bound(
-            [actual[0].view(FP8_DTYPE), *actual[1:]], [plain_fn(*args)[0].view(FP8_DTYPE), *plain_fn(*args)[1:]]
+            [actual[0].view(FP8), *actual[1:]], [plain_fn(*args)[0].view(FP8), *plain_fn(*args)[1:]]
         )
         assert_bitwise(actual, fn(*args))
     assert dict(fusion.matched) == {"hf:fused_add->torchao_quant(log2):rowmajor": 1}
