@@ -1,33 +1,22 @@
-"""Compile a function with the mxfuse pass and capture what the post-grad graph held."""
+"""Compile a function with the mxfuse pass and capture what the post-grad graph held.
+
+Bitwise comparison and op counting live in the package (`mxfuse.testing`,
+`mxfuse.passes.analysis`); `assert_bitwise`, `bits` and `op_counts` / `op_name` are
+re-exported here only for tests that still import them from this module."""
 
 from __future__ import annotations
 
 import collections
-import operator
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import mxfuse
 from mxfuse.passes import post_grad
+from mxfuse.passes.analysis import op_counts, op_name
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import norm_quant
-
-
-def op_name(node) -> str | None:
-    if node.op != "call_function" or node.target is operator.getitem:
-        return None
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target.name()  # e.g. "mxfuse::mxfp8_quantize"
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        inner = node.args[0]
-        return f"{target.name()}({inner.name() if hasattr(inner, 'name') else inner})"
-    return getattr(target, "__name__", str(target))
-
-
-def op_counts(graph) -> collections.Counter:
-    return collections.Counter(filter(None, map(op_name, graph.nodes)))
+from mxfuse.testing import assert_bitwise, bits
 
 
 class CapturingPass(CustomGraphPass):
@@ -64,25 +53,6 @@ def compile_with_pass(fn, *, dynamic=False, passes=True, **options):
     return compiled, capture
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """An integer view for bitwise comparison of any dtype."""
-    if t.dtype in (torch.float8_e4m3fn, torch.uint8):
-        return t.view(torch.uint8)
-    if t.element_size() == 2:
-        return t.view(torch.int16)
-    return t.view(torch.int32)
-
-
-def assert_bitwise(actual, expected):
-    if isinstance(expected, (tuple, list)):
-        assert len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            assert_bitwise(a, e)
-        return
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (actual.shape, expected.shape)
-    assert torch.equal(bits(actual), bits(expected))
-
-
 def inputs(m=5, k=64, dtype=torch.bfloat16):
     """`(x, residual, weight)` of the norm tests."""
     x, residual, weight, _ = norm_quant.example_inputs(m, k, dtype)
@@ -106,4 +76,4 @@ QUANT = MX + "mxfp8_quantize"
 NORM_ADD = MX + "gemma_fused_add_rmsnorm"
 NORM_PLAIN = MX + "gemma_rmsnorm"
 
-__all__ = ["mxfuse"]
+__all__ = ["assert_bitwise", "bits", "mxfuse", "op_counts", "op_name"]

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import torch
 from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.ops import reference
+from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.norm_quant import example_inputs
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
-FP8 = torch.float8_e4m3fn
 K = 64
 W = 2
 GROUP = "sp_test_group"
@@ -30,9 +31,8 @@ GROUP = "sp_test_group"
 def linear_swizzled(codes: torch.Tensor, scales: torch.Tensor, wc: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     """An MXFP8 GEMM whose activation scales are F8_128x4-swizzled (2-D, or vLLM's flat 1-D)."""
     m, k = codes.shape
-    s, sp = k // 32, (k // 32 + 3) // 4 * 4
-    tiles = scales.reshape(-1, sp)[: (m + 127) // 128 * 128]
-    rowmajor = reference.unswizzle_scales(tiles, m, s)
+    tiles = scales.reshape(-1, padded_scale_columns(k))[: padded_rows(m)]
+    rowmajor = reference.unswizzle_scales(tiles, m, scale_columns(k))
     return reference.mxfp8_linear(codes, rowmajor, wc, ws, torch.bfloat16)
 
 
@@ -42,6 +42,33 @@ def _(codes, scales, wc, ws):
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def sp_gather_modes() -> list[tuple[str, PassOptions | None]]:
+    """`(name, options)` of the model-level SP checks: no pass, then `sp_gather` "bf16" and "mxfp8"
+    (strict where the environment says so: MXFUSE_STRICT=1 from conftest, inherited by spawned ranks)."""
+    return [("none", None), *((mode, PassOptions.from_env(sp_gather=mode)) for mode in ("bf16", "mxfp8"))]
+
+
+class GatherCapture(CustomGraphPass):
+    """Runs the mxfuse pass (or none) in Inductor's post-grad hook and records, per compile: how many
+    graphs it saw, the report, the call targets, and the dtype of each functional-collective all-gather."""
+
+    def __init__(self, options: PassOptions | None):
+        self.options, self.calls, self.report = options, 0, None
+        self.gathers: list[str] = []
+        self.targets: list[str] = []
+
+    def __call__(self, graph):
+        self.calls += 1
+        if self.options is not None:
+            self.report = post_grad.run(graph, self.options)
+        ag = c10d.all_gather_into_tensor.default
+        self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
+        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+    def uuid(self):
+        return None  # never cache: every compile runs the pass and records
 
 
 def weights(n=48, k=K):

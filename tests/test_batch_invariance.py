@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise
 
 import mxfuse  # noqa: F401
 from mxfuse.ops import reference
 from mxfuse.ops.mx_layout import scale_columns
+from mxfuse.testing import assert_bitwise
 
 mx = torch.ops.mxfuse
 BATCHES = (1, 7, 64, 257, 4096, 16384)

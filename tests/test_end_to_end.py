@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_helpers import FUSED_ADD, FUSED_PLAIN, NORM_ADD, NORM_PLAIN, QUANT, assert_bitwise, compile_with_pass
+from graph_helpers import FUSED_ADD, FUSED_PLAIN, NORM_ADD, NORM_PLAIN, QUANT, compile_with_pass
 from test_pass_norm_quant import assert_within_foreign_bound
 
 import mxfuse  # noqa: F401
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.patterns.norms import find_norms
 from mxfuse.patterns.quants import quant_users
+from mxfuse.testing import assert_bitwise
 
 mx = torch.ops.mxfuse
 
@@ -99,7 +100,10 @@ def test_hugging_face_minimax_m3_layer_fuses_within_the_foreign_bound(hf_layer):
     with torch.no_grad():
         actual, expected = fused_fn(hidden), plain_fn(hidden)
     # input_layernorm -> q/k/v (three quants, one fused op); residual add + post-attention norm -> gate/up
-    assert capture.report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1, "hf:fused_add->mxfuse_quant:rowmajor": 1}
+    assert capture.report.matched_strings() == {
+        "hf:plain->mxfuse_quant:rowmajor": 1,
+        "hf:fused_add->mxfuse_quant:rowmajor": 1,
+    }
     assert capture.after[QUANT] == 2  # o_proj and down_proj
     # the per-head q/k norms feed RoPE, not a quant: left alone, with the reason
     assert {s.reason for s in capture.report.skipped} == {"no MXFP8 quant reads its output"}

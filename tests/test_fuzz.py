@@ -43,7 +43,6 @@ from fuzz_programs import (
     program_fn,
     program_inputs,
 )
-from graph_helpers import bits, op_counts, op_name
 from sp_helpers import simulate
 from torch import fx
 from torch._inductor.decomposition import select_decomp_table
@@ -53,8 +52,10 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.passes import post_grad
+from mxfuse.passes.analysis import op_counts, op_name
 from mxfuse.passes.explain import copy_graph
 from mxfuse.passes.options import SP_GATHER_MODES, PassOptions
+from mxfuse.testing import bits
 
 # ------------------------------------------------------------------ checks
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
+from sp_helpers import GatherCapture, sp_gather_modes
+
+from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,18 +21,11 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 
-FP8 = torch.float8_e4m3fn
 LOCAL_ROWS = (32, 48, 17)  # per rank, > 1: a size-1 dim would be specialized (recompile)
 
 
 def tokens(world: int) -> tuple[int, ...]:
     return tuple(world * m for m in LOCAL_ROWS)
-
-
-def _bits(t):
-    if t.dtype in (FP8, torch.uint8):
-        return t.view(torch.uint8)
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
 def _rank_body(rank, world, port):
@@ -40,22 +35,6 @@ def _rank_body(rank, world, port):
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     import mxfuse  # noqa: F401
     from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
-    from mxfuse.passes import post_grad
-    from mxfuse.passes.options import PassOptions
-
-    class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-        def __init__(self, options):
-            self.options, self.gathers, self.calls = options, [], 0
-
-        def __call__(self, graph):
-            self.calls += 1
-            if self.options is not None:
-                post_grad.run(graph, self.options)
-            ag = torch.ops._c10d_functional.all_gather_into_tensor.default
-            self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-
-        def uuid(self):
-            return None
 
     dev = torch.device("cuda", rank)
     cfg = ModelConfig.tiny()
@@ -64,16 +43,16 @@ def _rank_body(rank, world, port):
     results = {}
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in tokens(world)}
-        for name, opts in (("none", None), ("bf16", PassOptions(sp_gather="bf16")), ("mxfp8", PassOptions(sp_gather="mxfp8"))):
+        for name, opts in sp_gather_modes():
             torch._dynamo.reset()
-            cap = Capture(opts)
+            cap = GatherCapture(opts)
             compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
             same = []
             for i, n in enumerate(tokens(world)):
                 x = ids[n].clone()
                 if i == 0:
                     torch._dynamo.mark_dynamic(x, 0)
-                same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
+                same.append(bitwise_equal(compiled(x), eager[n]))
             results[name] = {"same": same, "gathers": cap.gathers, "compiles": cap.calls}
     dist.destroy_process_group()
     return results
@@ -105,12 +84,9 @@ def test_packed_cuda_equals_unpacked_cuda(m):
     p, res, y = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6, emit_y=True)
     codes, scales, res2, y2 = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, emit_y=True)
     pc, ps = packed.unpack(p, k)
-    for a, b in ((pc, codes), (ps, scales), (res, res2), (y, y2)):
-        assert torch.equal(_bits(a), _bits(b))
+    assert_bitwise((pc, ps, res, y), (codes, scales, res2, y2))
     p, _ = mx.gemma_rmsnorm_mxfp8_packed(x, w, 1e-6)
     codes, scales, _ = mx.gemma_rmsnorm_mxfp8(x, w, 1e-6)
     pc, ps = packed.unpack(p, k)
-    assert torch.equal(_bits(pc), _bits(codes)) and torch.equal(ps, scales)
-    pc, ps = packed.unpack(mx.mxfp8_quantize_packed(x), k)
-    codes, scales = mx.mxfp8_quantize(x)
-    assert torch.equal(_bits(pc), _bits(codes)) and torch.equal(ps, scales)
+    assert_bitwise((pc, ps), (codes, scales))
+    assert_bitwise(packed.unpack(mx.mxfp8_quantize_packed(x), k), mx.mxfp8_quantize(x))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise
 
 import mxfuse
+from mxfuse.testing import assert_bitwise
 
 PACKAGE = Path(mxfuse.__file__).resolve().parent
 

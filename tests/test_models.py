@@ -11,7 +11,6 @@ import collections
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
 
 from mxfuse.models import (
     GemmaNorm,
@@ -25,23 +24,13 @@ from mxfuse.models import (
     swiglu_oai_native,
 )
 from mxfuse.ops import reference
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
+from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
 try:
     from torch._inductor.custom_graph_pass import CustomGraphPass
 except ImportError:  # pragma: no cover
     CustomGraphPass = object
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
-
-
-def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    if not torch.equal(bits(a), bits(b)):
-        diff = (a.float() - b.float()).abs()
-        n = (bits(a) != bits(b)).sum().item()
-        raise AssertionError(f"not bitwise equal: {n} elements differ, max |diff| {diff.max()}")
 
 
 class GraphRecorder(CustomGraphPass):
@@ -98,7 +87,7 @@ def test_config_shapes():
         "down_proj": (6144, 4096),
     }
     for cfg in (tiny, m3):
-        assert all(k % 32 == 0 for _, k in cfg.linear_shapes().values())
+        assert all(k % BLOCK == 0 for _, k in cfg.linear_shapes().values())
     assert ModelConfig.by_name("m3-flash-tp4", n_layers=1).n_layers == 1
     with pytest.raises(ValueError, match="multiple of 32"):
         ModelConfig.tiny(intermediate=100)
@@ -112,7 +101,7 @@ def test_config_shapes():
 def test_mxfp8_linear_module():
     gen = torch.Generator().manual_seed(3)
     lin = MXFP8Linear(128, 96, gen)
-    assert lin.weight_codes.dtype == torch.float8_e4m3fn and lin.weight_codes.shape == (96, 128)
+    assert lin.weight_codes.dtype == FP8_DTYPE and lin.weight_codes.shape == (96, 128)
     assert lin.weight_scales.dtype == torch.uint8 and lin.weight_scales.shape == (96, 4)
     assert not list(lin.parameters())  # only quantized buffers are kept
     x = torch.randn(10, 128, generator=gen).bfloat16()
@@ -153,7 +142,7 @@ def test_dtype_casts_keep_the_mxfp8_weights():
         assert_bitwise(model.to(torch.bfloat16)(ids), expected)
     lin = model.layers[0].qkv_proj.float()  # the linear alone takes fp32 activations
     assert lin(torch.randn(3, 256)).dtype == torch.float32
-    assert lin.to("meta").weight_codes.dtype == torch.float8_e4m3fn  # a device move still applies
+    assert lin.to("meta").weight_codes.dtype == FP8_DTYPE  # a device move still applies
 
 
 def test_gemma_norm_module():
@@ -199,7 +188,7 @@ def test_model_shapes_and_determinism():
     assert_bitwise(ya, b(ids))
     assert_bitwise(ya, a(ids))
     other = Model(cfg.replace(seed=1))(ids)
-    assert not torch.equal(bits(ya), bits(other))
+    assert not bitwise_equal(ya, other)
     # causal: the first rows do not depend on later tokens
     assert_bitwise(a(ids[:16]), ya[:16])
     # one token works
@@ -278,12 +267,12 @@ def _sp_rank_body(rank: int, world: int, port: int) -> dict:
         ids = example_inputs(cfg, n, seed=n)
         expected = local_rows(full(ids), rank, world)
         out = sp_model(local_rows(ids, rank, world))
-        results[f"eager_{n}"] = torch.equal(bits(out), bits(expected))
+        results[f"eager_{n}"] = bitwise_equal(out, expected)
     recorder = GraphRecorder()
     compiled = torch.compile(sp_model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
     ids = example_inputs(cfg, 32, seed=32)
     out = compiled(local_rows(ids, rank, world))
-    results["compiled_32"] = torch.equal(bits(out), bits(local_rows(full(ids), rank, world)))
+    results["compiled_32"] = bitwise_equal(out, local_rows(full(ids), rank, world))
     counts, edges = recorder.graphs[-1], recorder.edges[-1]
     results["counts"] = dict(counts)
     results["edges"] = sorted(edges)

@@ -1,4 +1,4 @@
-"""The mxfuse ops on CPU: contracts of DESIGN.md, bitwise fused == unfused, schemas, errors."""
+"""The mxfuse ops on CPU: contracts of docs/design.md, bitwise fused == unfused, schemas, errors."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ import math
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise, bits
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfuse  # noqa: F401
 from mxfuse.ops import MxfuseInputError, reference
+from mxfuse.testing import assert_bitwise, bits
 
 mx = torch.ops.mxfuse
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -99,7 +98,7 @@ def test_weight_offset_zero_takes_one_plus_w_in_fp32():
 
 
 def float_scale(amax: torch.Tensor) -> torch.Tensor:
-    """DESIGN.md's formula evaluated in exact (float64) arithmetic."""
+    """docs/design.md's formula ("The E8M0 scale of a block") evaluated in exact (float64) arithmetic."""
     a = amax.double().clamp_min(FLT_MIN)
     return (torch.ceil(torch.log2(a / 448)) + 127).clamp(0, 254)
 
@@ -230,7 +229,7 @@ def test_fake_impls_trace_symbolic_rows():
 
     args = (torch.randn(200, 64, dtype=torch.bfloat16), torch.randn(200, 64, dtype=torch.bfloat16), torch.zeros(64))
     gm = make_fx(fn, tracing_mode="symbolic")(*args)
-    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     assert "256" not in str(out[1].meta["val"].shape)  # padded rows stay symbolic
     assert out[1].meta["val"].shape[1] == 4
 

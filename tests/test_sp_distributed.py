@@ -13,54 +13,29 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
+from sp_helpers import GatherCapture, sp_gather_modes
 
-FP8 = torch.float8_e4m3fn
+from mxfuse.testing import bitwise_equal, run_ranks
+
 WORLDS = (2, 4)  # TP 2, and TP 4's bitwise part on CPU (issue 7)
 TOKENS = (32, 48, 64)  # total rows; each rank holds TOKENS / world
 
 
-def _bits(t):
-    if t.dtype in (FP8, torch.uint8):
-        return t.view(torch.uint8)
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-class _Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """Runs the mxfuse pass (or none) and records each gather's dtype and the report."""
-
-    def __init__(self, options=None):
-        self.options, self.calls, self.gathers, self.report = options, 0, [], None
-
-    def __call__(self, graph):
-        from mxfuse.passes import post_grad
-
-        self.calls += 1
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
-        ag = torch.ops._c10d_functional.all_gather_into_tensor.default
-        self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-
-    def uuid(self):
-        return None
-
-
 def _model_checks(rank, world, results):
-    import mxfuse  # noqa: F401
     import torch.distributed as dist
-    from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
-    from mxfuse.passes.options import PassOptions
     from torch._inductor import metrics
+
+    import mxfuse  # noqa: F401
+    from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
 
     cfg = ModelConfig.tiny()
     model = Model(cfg, sp_group=dist.group.WORLD)
     ids = {n: local_rows(example_inputs(cfg, n, seed=n), rank, world) for n in TOKENS}
     with torch.no_grad():
         eager = {n: model(ids[n]) for n in TOKENS}
-    for name, options in (("none", None), ("bf16", PassOptions.from_env(sp_gather="bf16")), ("mxfp8", PassOptions.from_env(sp_gather="mxfp8"))):
+    for name, options in sp_gather_modes():
         torch._dynamo.reset()
-        capture = _Capture(options)
+        capture = GatherCapture(options)
         compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         metrics.reset()
         same = []
@@ -69,7 +44,7 @@ def _model_checks(rank, world, results):
                 x = ids[n].clone()
                 if i == 0:
                     torch._dynamo.mark_dynamic(x, 0)
-                same.append(torch.equal(_bits(compiled(x)), _bits(eager[n])))
+                same.append(bitwise_equal(compiled(x), eager[n]))
         results[name] = {
             "same": same,
             "compiles": capture.calls,
@@ -84,11 +59,12 @@ def _model_checks(rank, world, results):
 
 def _broken_checks(rank, world, results):
     """Broken form with different rows per rank: unrepaired wrong, repaired bitwise right."""
-    import mxfuse  # noqa: F401
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
+    import mxfuse  # noqa: F401
     from mxfuse.ops import reference
+    from mxfuse.ops.mx_layout import FP8_DTYPE, padded_rows, padded_scale_columns, scale_columns
     from mxfuse.passes.options import PassOptions
 
     mx = torch.ops.mxfuse
@@ -100,27 +76,32 @@ def _broken_checks(rank, world, results):
     xs = [torch.randn(5, 64, generator=g).to(torch.bfloat16) for _ in range(world)]
 
     def gemm_swizzled(q, s):  # a GEMM reading F8_128x4 scales, in plain torch
-        m = q.shape[0]
-        rowmajor = reference.unswizzle_scales(s.reshape(-1, 4)[: (m + 127) // 128 * 128], m, 2)
+        m, k = q.shape
+        tiles = s.reshape(-1, padded_scale_columns(k))[: padded_rows(m)]
+        rowmajor = reference.unswizzle_scales(tiles, m, scale_columns(k))
         return reference.mxfp8_linear(q, rowmajor, wc, ws, torch.bfloat16)
 
     def broken(x):
         q, s = mx.mxfp8_quantize(mx.gemma_rmsnorm(x, w, 1e-6), True)
-        q = gather(q.view(torch.uint8), 0, group).view(FP8)
+        q = gather(q.view(torch.uint8), 0, group).view(FP8_DTYPE)
         return gemm_swizzled(q, gather(s, 0, group))
 
     # the truth: the full rows, quantized after the gather, computed locally
     with torch.no_grad():
         full = torch.cat([mx.gemma_rmsnorm(x, w, 1e-6) for x in xs])
         truth = gemm_swizzled(*mx.mxfp8_quantize(full, True))
-    for name, options in (("broken_unrepaired", None), ("broken_auto", PassOptions.from_env()), ("broken_bf16", PassOptions.from_env(sp_gather="bf16"))):
+    for name, options in (
+        ("broken_unrepaired", None),
+        ("broken_auto", PassOptions.from_env()),
+        ("broken_bf16", PassOptions.from_env(sp_gather="bf16")),
+    ):
         torch._dynamo.reset()
-        capture = _Capture(options)
+        capture = GatherCapture(options)
         compiled = torch.compile(broken, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out = compiled(xs[rank])
         results[name] = {
-            "same": torch.equal(_bits(out), _bits(truth)),
+            "same": bitwise_equal(out, truth),
             "gathers": capture.gathers,
             "matched": capture.report.matched_strings() if capture.report else {},
         }

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise
 from sp_helpers import (
     GROUP,
     K,
@@ -32,11 +31,13 @@ from sp_helpers import (
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.ops.mx_layout import packed_width
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sp_gather
 from mxfuse.patterns.gather_checks import rows_reason
 from mxfuse.patterns.results import SkipCode
+from mxfuse.testing import assert_bitwise
 
 # ------------------------------------------------------------------ form A: norm -> gather -> quant
 
@@ -59,7 +60,7 @@ def test_c10d_norm_gather_quant_modes(mode, residual):
         return
     # ONE collective, carrying the packed uint8 rows [W*M, K + K/32]
     assert gather.meta["val"].dtype == torch.uint8
-    assert tuple(gather.meta["val"].shape) == (W * 5, K + K // 32)
+    assert tuple(gather.meta["val"].shape) == (W * 5, packed_width(K))
     assert gather.args[1:] == (W, GROUP)
     op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if residual else mx.gemma_rmsnorm_mxfp8_packed
     assert op.default in targets(gm)
@@ -84,7 +85,7 @@ def test_gemm_records_the_strides_of_its_new_inputs():
     recorded, _ = gemm.meta["eager_input_vals"]
     for arg, val in zip(gemm.args[:2], recorded[:2]):
         assert arg.target in (torch.ops.aten.view.dtype, torch.ops.aten.slice.Tensor)
-        assert val.stride() == arg.meta["val"].stride() == (K + K // 32, 1)
+        assert val.stride() == arg.meta["val"].stride() == (packed_width(K), 1)
 
 
 def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch, caplog):

@@ -8,9 +8,7 @@ import re
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise, bits
 from sp_helpers import (
-    FP8,
     K,
     W,
     c10d,
@@ -30,6 +28,8 @@ from sp_helpers import (
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.ops import packed
+from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width
+from mxfuse.testing import assert_bitwise, bits
 
 # ------------------------------------------------------------------ form B: quantized before the gather
 
@@ -44,10 +44,7 @@ def broken_block(swizzled=True, as_uint8=True, residual=True):
     def fn(x, r, w):
         y, res = gemma_norm(x, r, w, residual)
         q, s = mx.mxfp8_quantize(y, swizzled)
-        if as_uint8:
-            q = c10d_gather(q.view(torch.uint8)).view(FP8)
-        else:
-            q = c10d_gather(q)
+        q = c10d_gather(q.view(torch.uint8)).view(FP8_DTYPE) if as_uint8 else c10d_gather(q)
         s = c10d_gather(s)
         out = linear_swizzled(q, s, wc, ws) if swizzled else mx.mxfp8_linear(q, s, wc, ws, torch.bfloat16)
         return out, res
@@ -84,7 +81,7 @@ def test_broken_swizzled_gather_of_a_non_norm_is_repaired():
 
     def fn(x):
         q, s = mx.mxfp8_quantize(x * 3, True)
-        q = c10d_gather(q.view(torch.uint8)).view(FP8)
+        q = c10d_gather(q.view(torch.uint8)).view(FP8_DTYPE)
         return linear_swizzled(q, c10d_gather(s), wc, ws)
 
     def good(x):
@@ -125,12 +122,13 @@ def test_packed_ops_match_unpacked(m):
     x, r = x[:m], r[:m]
     p, res, y = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6, emit_y=True)
     codes, scales, res2, y2 = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, emit_y=True)
-    assert p.shape == (m, K + K // 32) and p.dtype == torch.uint8
+    assert p.shape == (m, packed_width(K)) and p.dtype == torch.uint8
     pc, ps = packed.unpack(p, K)
     assert_bitwise((pc, ps, res, y), (codes, scales, res2, y2))
     p, y = mx.gemma_rmsnorm_mxfp8_packed(x, w, 1e-6)
     codes, scales, _ = mx.gemma_rmsnorm_mxfp8(x, w, 1e-6)
-    assert_bitwise(packed.unpack(p, K), (codes, scales)) and y.numel() == 0
+    assert_bitwise(packed.unpack(p, K), (codes, scales))
+    assert y.numel() == 0
     assert_bitwise(packed.unpack(mx.mxfp8_quantize_packed(x), K), mx.mxfp8_quantize(x))
 
 
@@ -139,7 +137,7 @@ def test_packed_op_fake_has_symbolic_rows():
     gm = trace(lambda x, r, w: mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)[0], x, r, w, dynamic=True)
     (node,) = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[1] == 0]
     rows, width = node.meta["val"].shape
-    assert not isinstance(rows, int) and width == K + K // 32
+    assert not isinstance(rows, int) and width == packed_width(K)
 
 
 def test_packed_views_feed_the_gemm_without_copies():
@@ -150,8 +148,8 @@ def test_packed_views_feed_the_gemm_without_copies():
 
     def fn(p):
         g = p + 0  # stands for the gathered buffer (a buffer Inductor owns)
-        q = torch.ops.aten.slice.Tensor(g, 1, 0, K).view(FP8)
-        s = torch.ops.aten.slice.Tensor(g, 1, K, K + K // 32)
+        q = torch.ops.aten.slice.Tensor(g, 1, 0, K).view(FP8_DTYPE)
+        s = torch.ops.aten.slice.Tensor(g, 1, K, packed_width(K))
         return mx.mxfp8_linear(q, s, wc, ws, torch.bfloat16), mx.mxfp8_swizzle_scales(s)
 
     x = local_inputs(m=9)[0]
@@ -214,7 +212,7 @@ def test_vllm_broken_flat_swizzled_gather_is_repaired(vllm_ops):
     def broken(x, r, w):
         y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
         q, s = vllm_ops.mxfp8_quantize(y, True, 0)
-        q = vllm_ops.all_gather(q.view(torch.uint8), 0, W, "tp:0").view(FP8)
+        q = vllm_ops.all_gather(q.view(torch.uint8), 0, W, "tp:0").view(FP8_DTYPE)
         s = vllm_ops.all_gather(s, 0, W, "tp:0")
         return linear_swizzled(q, s, wc, ws), res
 

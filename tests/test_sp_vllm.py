@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spawn_helpers import run_ranks
+from sp_helpers import sp_gather_modes
+
+from mxfuse.testing import bitwise_equal, run_ranks
 
 WORLD = 2
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
@@ -40,19 +42,18 @@ def _rank_body(rank: int, world: int, port: int) -> dict:
     from vllm.distributed import parallel_state
 
     import mxfuse  # noqa: F401
-    from mxfuse.passes.options import PassOptions
 
     torch.set_num_threads(1)
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         parallel_state.init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo")
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-        results = _checks(rank, parallel_state.get_tp_group().unique_name, PassOptions)
+        results = _checks(rank, parallel_state.get_tp_group().unique_name)
         parallel_state.destroy_model_parallel()
         parallel_state.destroy_distributed_environment()
     return results
 
 
-def _checks(rank: int, group: str, PassOptions) -> dict:
+def _checks(rank: int, group: str) -> dict:
     mx = torch.ops.mxfuse
     g = torch.Generator().manual_seed(5)
     w = (0.1 * torch.randn(128, generator=g)).to(torch.bfloat16)
@@ -69,14 +70,14 @@ def _checks(rank: int, group: str, PassOptions) -> dict:
     with torch.no_grad():
         eager = block(x, residual)
     results = {}
-    for name, options in (("none", None), ("bf16", PassOptions.from_env(sp_gather="bf16")), ("mxfp8", PassOptions.from_env(sp_gather="mxfp8"))):
+    for name, options in sp_gather_modes():
         torch._dynamo.reset()
         capture = _Gathers(options)
         compiled = torch.compile(block, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out = compiled(x, residual)
         results[name] = {
-            "same": all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(out, eager)),
+            "same": all(bitwise_equal(a, b) for a, b in zip(out, eager)),
             "gathers": capture.gathers,
             "matched": capture.report.matched_strings() if capture.report else {},
         }

@@ -1,6 +1,6 @@
 """Triton kernels that only move bytes, run by Triton's interpreter on CPU.
 
-The interpreter rounds fp8 casts and bf16 arithmetic unlike a GPU (DESIGN.md "Fidelity"),
+The interpreter rounds fp8 casts and bf16 arithmetic unlike a GPU (docs/design.md, "Fidelity"),
 so it proves nothing about the norm, quant or GEMM kernels; a kernel of uint8 loads and
 stores has no rounding, and there it is exact: the index math of the CUDA swizzle kernel
 is checked in CI, not only when a GPU is lent. The interpreter is chosen when Triton

@@ -6,7 +6,7 @@ output), the ratio to bf16 cuBLAS (`torch.matmul` of the dequantized bf16 operan
 and the speedup over the `tl.dot_scaled` baseline; then the composite
 "norm + quant + qkv GEMM" fused vs. unfused vs. bf16.
 
-Timing (DESIGN.md "Measuring", tools/_timing.py): a CUDA graph of 64 back-to-back
+Timing (docs/design.md, "Measuring"; mxfuse/cli/timing.py): a CUDA graph of 64 back-to-back
 calls cycling through enough input sets (weights included) that they cannot sit in L2,
 the L2 flushed before each replay, median of 7 replays, per call.
 
@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph
+
 # TP4 shards of MiniMax-M3.1-Flash-like sizes (hidden 6144): (name, N, K)
 SHAPES = [
     ("qkv", 2560, 6144),
@@ -41,8 +43,7 @@ TIMED_VARIANTS = (PRODUCT, "bf16", "fp8", "dot_scaled")  # each with its default
 SWEEP_DEADLINE = [float("inf")]  # wall-clock time after which --sweep stops adding configs
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gemm_variants, beside this script
 
 
 def gemm(variant: str, config=None):
@@ -298,7 +299,8 @@ def composite_table(rows):
     out = [
         "Composite: Gemma add+RMSNorm + MXFP8 quant + qkv GEMM (N 2560, K 6144), bf16 out.",
         "",
-        "| M | fused µs | unfused µs | unfused/fused | bf16 norm+matmul µs | bf16 matmul only µs | fused/bf16 norm+matmul |",
+        "| M | fused µs | unfused µs | unfused/fused | bf16 norm+matmul µs | bf16 matmul only µs "
+        "| fused/bf16 norm+matmul |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -10,7 +10,7 @@ torch.multiprocessing, no torchrun):
                against bf16 with a swizzled quant after the gather
 - bf16 gather alone / packed gather alone (the collective's share of each)
 
-Timing (DESIGN.md "Measuring"): a CUDA graph of 64 back-to-back calls cycling through
+Timing (docs/design.md, "Measuring"): a CUDA graph of 64 back-to-back calls cycling through
 input sets that do not fit in L2, captured on every rank, replays aligned by a barrier,
 median of 7 replays, per call, rank 0's events. Bytes on the wire: what one rank sends.
 
@@ -30,6 +30,8 @@ import time
 import torch
 
 from mxfuse.cli.timing import n_input_sets, time_cuda_graph
+from mxfuse.ops.mx_layout import packed_width
+from mxfuse.ops.packed import unpack
 from mxfuse.testing import RankFailed, bitwise_equal, run_ranks
 
 MS = [1, 16, 128, 512, 2048, 8192]
@@ -51,7 +53,6 @@ def _variants(k, world, group):
     import torch.distributed as dist
 
     mx = torch.ops.mxfuse
-    s = k // 32
 
     def gather(t):
         out = t.new_empty((world * t.shape[0], *t.shape[1:]))
@@ -64,8 +65,7 @@ def _variants(k, world, group):
 
     def packed(x, r, w, swizzle=False):
         p, res, _ = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6)
-        pg = gather(p)
-        codes, scales = pg[:, :k].view(torch.float8_e4m3fn), pg[:, k : k + s]
+        codes, scales = unpack(gather(p), k)
         if swizzle:
             scales = mx.mxfp8_swizzle_scales(scales)
         return codes, scales, res
@@ -120,7 +120,7 @@ def _worker(rank, world, port, args):
                 calls = [lambda x=x, r=r, fn=fn: fn(x, r, w) for x, r in sets]
             row[name] = time_collective_graph(calls)
         row["bytes_bf16"] = m * k * 2
-        row["bytes_packed"] = m * (k + k // 32)
+        row["bytes_packed"] = m * packed_width(k)
         rows.append(row)
         del sets, packed_bufs
         torch.cuda.empty_cache()
@@ -142,12 +142,13 @@ def table(rows, k, world) -> str:
     for r in rows:
         out.append(
             f"| {r['m_local']} | {r['bf16']:.1f} | {r['mxfp8']:.1f} | {r['bf16'] / r['mxfp8']:.2f}x | "
-            f"{r['bf16_swz']:.1f} | {r['mxfp8_swz']:.1f} | {r['bf16_swz'] / r['mxfp8_swz']:.2f}x | {r['gather_bf16']:.1f} | "
+            f"{r['bf16_swz']:.1f} | {r['mxfp8_swz']:.1f} | {r['bf16_swz'] / r['mxfp8_swz']:.2f}x | "
+            f"{r['gather_bf16']:.1f} | "
             f"{r['gather_packed']:.1f} | {r['bytes_bf16']} | {r['bytes_packed']} | "
             f"{r['bytes_packed'] / r['bytes_bf16']:.4f} | {'yes' if r['exact'] else 'NO'} |"
         )
     out.append("")
-    out.append(f"Wire-byte ratio target (K + K/32) / 2K = {(k + k // 32) / (2 * k):.4f}.")
+    out.append(f"Wire-byte ratio target (K + K/32) / 2K = {packed_width(k) / (2 * k):.4f}.")
     return "\n".join(out)
 
 

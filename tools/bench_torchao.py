@@ -3,7 +3,7 @@ compiled quant chain (issue 16), on a CUDA GPU. No vLLM; torchao is carried as a
 
 For K in {6144, 3072}, M in {1 .. 16384}, bf16, both scale layouts torchao reads (row-major:
 what `to_mx` returns and the EMULATED kernel dequantizes; blocked: `to_blocked`, what AUTO
-feeds `_scaled_mm`), per call (tools/_timing.py: CUDA graph of 64 calls over enough input
+feeds `_scaled_mm`), per call (mxfuse/cli/timing.py: CUDA graph of 64 calls over enough input
 sets not to sit in L2, L2 flushed before each replay, median of 7 replays):
 
 - ``fused``: `mxfuse::gemma_rmsnorm_mxfp8(x, w, eps, swizzled, rule=QuantRule.TORCHAO)`, what
@@ -36,8 +36,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
+from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, scale_columns, swizzled_scale_shape
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
@@ -47,8 +47,8 @@ LAYOUTS = (("rowmajor", False), ("blocked", True))
 
 
 def needed_bytes(m: int, k: int, add: bool, blocked: bool) -> int:
-    scales = (m + 127) // 128 * 128 * ((k // 32 + 3) // 4 * 4) if blocked else m * (k // 32)
-    return (3 if add else 1) * 2 * m * k + m * k + scales
+    rows, columns = swizzled_scale_shape(m, k) if blocked else (m, scale_columns(k))
+    return (3 if add else 1) * 2 * m * k + m * k + rows * columns
 
 
 # ------------------------------------------------------------------ torchao's side
@@ -61,7 +61,7 @@ def torchao_quant(y: torch.Tensor, blocked: bool):
     from torchao.prototype.mx_formats.mx_tensor import to_mx
     from torchao.prototype.mx_formats.utils import to_blocked
 
-    scales, codes = to_mx(y, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+    scales, codes = to_mx(y, FP8_DTYPE, BLOCK, ScaleCalculationMode.RCEIL)
     if blocked:
         scales = to_blocked(scales.view(y.shape[0], -1))
     return codes, scales.view(torch.uint8)
@@ -174,7 +174,7 @@ def _mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
     a, b = a.reshape(-1), b.reshape(-1)
     if a.numel() != b.numel():
         return max(a.numel(), b.numel())
-    if a.dtype == torch.float8_e4m3fn:
+    if a.dtype == FP8_DTYPE:
         a, b = (torch.where(t.isnan(), float("nan"), t.float()).to(t.dtype) for t in (a, b))
     view = torch.uint8 if a.element_size() == 1 else torch.int16
     return int((a.view(view) != b.view(view)).sum())

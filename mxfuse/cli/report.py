@@ -8,6 +8,7 @@ import torch
 
 from mxfuse.cli.variants import DemoResult, VariantResult
 from mxfuse.models import ModelConfig
+from mxfuse.ops.mx_layout import packed_width
 from mxfuse.passes.analysis import COUNTED, CPP_KERNELS, NOT_LAUNCHES, TRITON_KERNELS, total_launches
 
 
@@ -143,6 +144,6 @@ def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
         w = result.world
         print(
             f"all-gathers carrying packed MXFP8 instead of bf16: {packed}; each gathers W*M*(K + K/32) B "
-            f"= {kib(w * m * (k + k // 32))} instead of W*M*K*2 B = {kib(w * m * k * 2)} (W = {w})",
+            f"= {kib(w * m * packed_width(k))} instead of W*M*K*2 B = {kib(w * m * k * 2)} (W = {w})",
             file=out,
         )

@@ -35,11 +35,11 @@ class QuantRule(enum.IntEnum):
 
     The ops take it as an int argument (`rule`); a rewrite picks it from the quant it
     replaces. Every other value encodes the same under both rules (the E8M0 scale is
-    the exact `ceil(log2(amax / 448))` rule of DESIGN.md in both).
+    the exact `ceil(log2(amax / 448))` rule of docs/design.md, "The E8M0 scale of a block", in both).
     """
 
     DEFAULT = 0
-    """DESIGN.md's rule: NaN takes no part in the amax (only the NaN element encodes as
+    """docs/design.md's rule: NaN takes no part in the amax (only the NaN element encodes as
     NaN); a block with scale byte 0 is multiplied by 2**127 (its codes keep their bits)."""
     TORCHAO = 1
     """torchao's RCEIL (`_to_mx_rceil`): a NaN makes the whole block NaN (scale byte 255,

@@ -9,13 +9,13 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
 from mxfuse.patterns.quants import QuantMatch
 from mxfuse.patterns.results import Reason, SkipCode
 
 aten = torch.ops.aten
-FP8 = torch.float8_e4m3fn
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -34,8 +34,8 @@ def rows_reason(t: torch.Tensor | None, what: str) -> Reason | None:
     k = static_int(t.shape[-1])
     if k is None:
         return Reason(SkipCode.HIDDEN_SIZE, f"hidden size {t.shape[-1]} of the {what} is symbolic")
-    if k % 32:
-        return Reason(SkipCode.HIDDEN_SIZE, f"hidden size K={k} of the {what} is not a multiple of 32")
+    if k % BLOCK:
+        return Reason(SkipCode.HIDDEN_SIZE, f"hidden size K={k} of the {what} is not a multiple of {BLOCK}")
     return None
 
 
@@ -75,14 +75,15 @@ def gathered_shapes_reason(quant: QuantMatch, codes_out: fx.Node, scales_out: fx
         return Reason(SkipCode.NO_SHAPES, "no fake tensor on the gathered codes or scales")
     m, k = x.shape
     rows_ok = codes.dim() == 2 and statically_known_true(codes.shape[0] == ws * m)
-    if codes.dtype != FP8 or not rows_ok or codes.shape[1] != k:
+    if codes.dtype != FP8_DTYPE or not rows_ok or codes.shape[1] != k:
         return Reason(
             SkipCode.GATHERED_SHAPES,
             f"gathered codes are {tuple(codes.shape)} {codes.dtype}, not float8_e4m3fn [{ws}*{m}, {k}]",
         )
     if not quant.swizzled and (scales.dim() != 2 or not statically_known_true(scales.shape[0] == ws * m)):
         return Reason(
-            SkipCode.GATHERED_SHAPES, f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {k // 32}]"
+            SkipCode.GATHERED_SHAPES,
+            f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {scale_columns(k)}]",
         )
     if quant.swizzled and scales.dim() not in (1, 2):
         return Reason(SkipCode.GATHERED_SHAPES, f"gathered swizzled scales are {scales.dim()}-D")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width, padded_scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import call, fake, getitem, redirect_uses, refresh_eager_input_vals, static_int
-from mxfuse.patterns.gather_checks import FP8, shape_reads
+from mxfuse.patterns.gather_checks import shape_reads
 from mxfuse.patterns.norm_quant import insert_fused_norm
 from mxfuse.patterns.norms import NormMatch, match_norm
 from mxfuse.patterns.quants import match_quant
@@ -46,8 +47,8 @@ def _new_gather(graph: fx.Graph, like: GatherMatch, x: fx.Node) -> fx.Node:
 
 def _views(graph: fx.Graph, gathered: fx.Node, k: int) -> tuple[fx.Node, fx.Node]:
     codes = call(graph, aten.slice.Tensor, (gathered, 1, 0, k))
-    codes = call(graph, aten.view.dtype, (codes, FP8))
-    scales = call(graph, aten.slice.Tensor, (gathered, 1, k, k + k // 32))
+    codes = call(graph, aten.view.dtype, (codes, FP8_DTYPE))
+    scales = call(graph, aten.slice.Tensor, (gathered, 1, k, packed_width(k)))
     return codes, scales
 
 
@@ -113,7 +114,7 @@ def apply_gathered_quant(graph: fx.Graph, action: GatheredQuant) -> fx.Node | No
             new_quant = call(graph, quant.node.target, (gathered, *quant.node.args[1:]), dict(quant.node.kwargs))
             new_codes, new_scales = getitem(graph, new_quant, 0), getitem(graph, new_quant, 1)
             if fake(new_scales).dim() != fake(action.scales_out).dim():  # flattened (or unflattened) around the gather
-                shape = [-1] if flat else [-1, (k // 32 + 3) // 4 * 4]
+                shape = [-1] if flat else [-1, padded_scale_columns(k)]
                 new_scales = call(graph, aten.view.default, (new_scales, shape))
         result = new_quant
     _rewire_shape_reads(action.codes_gather, new_codes)
