@@ -173,8 +173,8 @@ def mxfp8_quantize(x: Tensor, swizzled: bool = False, rule: int = 0) -> tuple[Te
 @mxfp8_quantize.register_fake
 def _(x, swizzled=False, rule=0):
     k = _check_rows("mxfp8_quantize", x, QUANT_INPUT_DTYPES)
-    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE)
     _check_rule("mxfp8_quantize", rule)
+    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE)
 
 
 @mxfp8_quantize.register_kernel("cuda")
