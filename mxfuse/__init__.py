@@ -65,6 +65,7 @@ def post_grad_pass(
     sequence_parallel: bool | _Unset = _UNSET,
     dump_dir: str | None | _Unset = _UNSET,
     strict: bool | _Unset = _UNSET,
+    fresh: bool | _Unset = _UNSET,
 ) -> MxfusePass:
     """A `CustomGraphPass` for `torch.compile(options={"post_grad_custom_post_pass": ...})`.
 
@@ -80,6 +81,7 @@ def post_grad_pass(
         "sequence_parallel": sequence_parallel,
         "dump_dir": dump_dir,
         "strict": strict,
+        "fresh": fresh,
     }
     return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
 

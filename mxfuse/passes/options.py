@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,9 @@ class PassOptions:
     dump_dir: write each graph before and after the passes there (None: no dump).
     strict: raise an exception from inside the pass instead of rolling back and logging
         it (for tests and debugging: a bug cannot hide behind the rollback).
+    fresh: give each pass object its own cache key, so Inductor's (and vLLM's) compile
+        cache cannot serve a graph compiled earlier: the pass runs again and writes its
+        report and dumps (a cached graph was fused before, but has no new report).
     """
 
     fuse_norm_quant: bool = True
@@ -42,9 +46,12 @@ class PassOptions:
     sequence_parallel: bool = False
     dump_dir: str | None = field(default=None, metadata=_NOT_IN_CACHE_KEY)
     strict: bool = field(default=False, metadata=_NOT_IN_CACHE_KEY)
+    fresh: bool = field(default=False, metadata=_NOT_IN_CACHE_KEY)
 
     def __post_init__(self):
-        for name in ("fuse_norm_quant", "sequence_parallel", "strict"):
+        if isinstance(self.dump_dir, os.PathLike):
+            object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
+        for name in ("fuse_norm_quant", "sequence_parallel", "strict", "fresh"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"mxfuse option {name} must be a bool, got {getattr(self, name)!r}")
         if self.sp_gather not in SP_GATHER_MODES:
@@ -81,8 +88,22 @@ class PassOptions:
         values.update(overrides)
         return cls.from_kwargs(**values)
 
+    def check_dump_dir(self) -> None:
+        """Create `dump_dir` and write a probe file in it, so a path that cannot hold dumps (a
+        file, `/proc/x`, a read-only place) fails when the pass is built, not mid-compile."""
+        if self.dump_dir is None:
+            return
+        try:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.dump_dir):
+                pass
+        except OSError as e:
+            raise ValueError(
+                f"mxfuse option dump_dir={self.dump_dir!r} is not a writable directory ({e.strerror or e})"
+            ) from None
+
     def cache_key(self) -> str:
-        """The options that change the compiled graph (all fields but dump_dir and strict)."""
+        """The options that change the compiled graph (all fields but dump_dir, strict and fresh)."""
         keyed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("cache_key", True)}
         return json.dumps(keyed, sort_keys=True)
 

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import uuid
 from pathlib import Path
 
 from torch import fx
@@ -85,11 +86,13 @@ def run(graph: fx.Graph, options: PassOptions) -> PassReport:
         report = PassReport(failed=f"{current}: {type(error).__name__}: {error}")
         log.warning("mxfuse: pattern %s failed; graph left unchanged. %s: %s", current, type(error).__name__, error)
         log.debug("mxfuse pass failure", exc_info=True)
+        if options.dump_dir:
+            report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
         return report
     if report.matched:
         transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
     _log(report)
-    if options.dump_dir and report.matched:
+    if options.dump_dir:  # every graph the pass sees: the report matters most when nothing fused
         report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
     return report
 
@@ -122,7 +125,16 @@ def _graph_text(graph: fx.Graph) -> str:
 
 
 def _dump(dump_dir: str, before: str, after: str, report: PassReport) -> list[str]:
-    out = Path(dump_dir)
+    """Write the graph before/after and the report; a dump that fails is one warning, never a
+    failed compile (the graph is already rewritten)."""
+    try:
+        return _write_dump(Path(dump_dir), before, after, report)
+    except OSError as e:
+        log.warning("mxfuse: could not write the dump to %s (%s); the compile goes on without it", dump_dir, e)
+        return []
+
+
+def _write_dump(out: Path, before: str, after: str, report: PassReport) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     index = len(list(out.glob("mxfuse_*.before.py")))
     paths = []
@@ -163,22 +175,26 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def cache_key(options: PassOptions) -> str:
-    return hashlib.sha256(f"{source_hash()}|{options.cache_key()}".encode()).hexdigest()
+def cache_key(options: PassOptions, nonce: str = "") -> str:
+    """The compile-cache key: every source file that decides the output, the options that
+    change the graph, and a pass object's own nonce when `fresh` (a cache miss by design)."""
+    return hashlib.sha256(f"{source_hash()}|{options.cache_key()}|{nonce}".encode()).hexdigest()
 
 
 class MxfusePass(CustomGraphPass):
     """The mxfuse passes as an Inductor `post_grad_custom_post_pass` (cacheable via `uuid`)."""
 
     def __init__(self, options: PassOptions):
+        options.check_dump_dir()
         self.options = options
         self.last_report: PassReport | None = None
+        self._nonce = uuid.uuid4().hex if options.fresh else ""
 
     def __call__(self, graph: fx.Graph) -> None:
         self.last_report = run(graph, self.options)
 
     def uuid(self) -> str:
-        return cache_key(self.options)
+        return cache_key(self.options, self._nonce)
 
     def __repr__(self) -> str:
         return f"MxfusePass({self.options})"

@@ -9,6 +9,8 @@ read at each call and in `uuid()`, so vLLM's compile cache follows them.
 
 from __future__ import annotations
 
+import uuid
+
 from torch import fx
 from vllm.compilation.passes.inductor_pass import InductorPass
 
@@ -21,8 +23,11 @@ class MxfuseVllmPass(InductorPass):
     """mxfuse's rewrites, run by vLLM's PostGradPassManager after its own fusions."""
 
     def __init__(self, options: PassOptions | None = None):
+        if options is not None:
+            options.check_dump_dir()
         self._options = options  # None: from the environment at each use
         self.last_report: PassReport | None = None
+        self._nonce = uuid.uuid4().hex
 
     @property
     def options(self) -> PassOptions:
@@ -32,7 +37,8 @@ class MxfuseVllmPass(InductorPass):
         self.last_report = post_grad.run(graph, self.options)
 
     def uuid(self) -> str:
-        return post_grad.cache_key(self.options)
+        # `fresh` in MXFUSE_OPTIONS: this pass object's own key, so vLLM's cache recompiles
+        return post_grad.cache_key(self.options, self._nonce if self.options.fresh else "")
 
     def __repr__(self) -> str:
         return f"MxfuseVllmPass({self.options})"
