@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from spawn_helpers import free_port
 from torch import fx
 from vllm_flashinfer import register_vllm_flashinfer_ops
+
+from mxfuse.testing import free_port
 
 pytestmark = pytest.mark.vllm
 

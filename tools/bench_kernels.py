@@ -1,4 +1,4 @@
-"""Benchmark the Triton norm / quant kernels on a CUDA GPU (DESIGN.md "Measuring").
+"""Benchmark the Triton norm / quant kernels on a CUDA GPU (docs/design.md "Measuring").
 
 For K in {6144, 3072} and M in {1 .. 16384}, per call (CUDA graph of 64 back-to-back
 calls cycling through enough input sets to not sit in L2, L2 flushed before each replay,
@@ -34,8 +34,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph  # noqa: E402
+from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
