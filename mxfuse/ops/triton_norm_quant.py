@@ -257,7 +257,7 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexp
     before the cast): the same bits, two instructions more per element.
 
     RULE (`reference.QuantRule`, constexpr: the default code is not touched by the other
-    branch): 0 DEFAULT (DESIGN.md); 1 TORCHAO (torchao's RCEIL: a NaN makes the block's
+    branch): 0 DEFAULT (docs/design.md); 1 TORCHAO (torchao's RCEIL: a NaN makes the block's
     scale 255 and all 32 of its codes NaN; a block with scale byte 0 is multiplied by 1.0
     instead of 2**127). The amax is then the NaN-propagating max (one `max.NaN` per element
     instead of maxNum: no extra instruction), so a NaN block is `amax != amax`; its scale

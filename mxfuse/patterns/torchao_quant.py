@@ -17,8 +17,8 @@ graph; `y` is the bf16 activation `[..., K]`, `S = K/32`)::
 
 EMULATED dequantizes `codes` and the row-major `scales`; AUTO feeds `_scaled_mm` the flat
 blocked (F8_128x4) scales. For a bf16 amax both spellings give the exact `ceil(log2(amax /
-448))` of DESIGN.md; NaN and scale byte 0 differ from the default encoding:
-:attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
+448))` of docs/design.md ("The E8M0 scale of a block"); NaN and scale byte 0 differ from the
+default encoding: :attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
 chain (reshape sizes only through fake shapes: any K, dynamic M);
 :meth:`TorchaoQuantMatch.replace_outputs` rewires its readers to a fused op, leaving it dead.
 """
