@@ -35,6 +35,7 @@ import time
 import torch
 
 from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
+from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
@@ -44,12 +45,8 @@ KINDS = ("add", "plain")
 DEFAULT = "default"  # the ops' own config choice (norm_config(K, M))
 
 
-def _pad(n, m):
-    return (n + m - 1) // m * m
-
-
 def needed_bytes(m, k, add, swizzled, elem=2):
-    scales = _pad(m, 128) * _pad(k // 32, 4) if swizzled else m * (k // 32)
+    scales = padded_rows(m) * padded_scale_columns(k) if swizzled else m * scale_columns(k)
     return (3 if add else 1) * elem * m * k + m * k + scales
 
 

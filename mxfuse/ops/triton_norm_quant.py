@@ -84,8 +84,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8 = torch.float8_e4m3fn
-BLOCK = 32
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
+
 SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
 __all__ = [
@@ -731,11 +731,11 @@ def _out_views(m, k, swizzled, dev, out_codes, out_scales):
     s, sp = k // BLOCK, _round_up(k // BLOCK, 4)
     m_grid = _round_up(m, 128) if swizzled else m
     if out_codes is None:
-        codes = torch.empty((m, k), dtype=FP8, device=dev)
+        codes = torch.empty((m, k), dtype=FP8_DTYPE, device=dev)
     else:
         codes = out_codes
-        if codes.shape != (m, k) or codes.dtype != FP8 or codes.device != dev:
-            raise ValueError(f"triton_norm_quant: out_codes must be [{m}, {k}] {FP8} on {dev}, got "
+        if codes.shape != (m, k) or codes.dtype != FP8_DTYPE or codes.device != dev:
+            raise ValueError(f"triton_norm_quant: out_codes must be [{m}, {k}] {FP8_DTYPE} on {dev}, got "
                              f"{tuple(codes.shape)} {codes.dtype} {codes.device}")  # fmt: skip
         _check2d("out_codes", codes)
     if out_scales is None:
