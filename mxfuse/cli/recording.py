@@ -38,8 +38,8 @@ def kind_fields(kind) -> KindFields:
 
 def skip_fields(skip) -> SkipFields:
     """Read a `SkipRecord` of the pass report by its fields."""
-    norm_kind = skip.norm_kind if skip.norm_kind is not None else "quant_input"  # a quant input, no norm
-    return SkipFields(skip.rewrite, norm_kind, str(skip.node), skip.reason)
+    label = skip.as_dict()["kind"]  # the norm kind, or "quant_input" / "whole_graph" for a site with no norm
+    return SkipFields(skip.rewrite, label, str(skip.node), skip.reason)
 
 
 @dataclass
