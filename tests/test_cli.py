@@ -324,7 +324,9 @@ def test_skips_read_by_their_fields():
     quant = SkipRecord("sp_gather", None, "mxfp8_quantize_3", SkipCode.QUANT_UNSUPPORTED, "a quant it cannot replace")
     assert tuple(skip_fields(norm)) == ("norm_quant", "hf:plain", "convert_element_type_5", norm.reason)
     assert skip_fields(quant).norm_kind == "quant_input"  # the report's word for a site with no norm
-    whole = SkipRecord("sequence_parallel", None, "all_reduce_1", SkipCode.ALL_REDUCE_FORM, "not an all-reduce it knows")
+    whole = SkipRecord(
+        "sequence_parallel", None, "all_reduce_1", SkipCode.ALL_REDUCE_FORM, "not an all-reduce it knows"
+    )
     assert skip_fields(whole).norm_kind == "whole_graph"  # the rewrite left the whole graph, not a norm
 
 

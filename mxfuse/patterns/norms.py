@@ -78,7 +78,9 @@ def reject_reason(norm: NormMatch, *, runtime_eps: bool = False) -> Reason | Non
         )
     k = x.shape[-1]
     if not statically_known_true(k % BLOCK == 0):
-        text = f"hidden size K={k} is not a multiple of {BLOCK}" if isinstance(k, int) else f"hidden size {k} is symbolic"
+        text = (
+            f"hidden size K={k} is not a multiple of {BLOCK}" if isinstance(k, int) else f"hidden size {k} is symbolic"
+        )
         return Reason(SkipCode.HIDDEN_SIZE, text)
     eps_reason = _eps_reason(norm.eps, runtime_eps)
     if eps_reason is not None:
