@@ -63,7 +63,7 @@ def post_grad_pass(
     fuse_norm_quant: bool | _Unset = _UNSET,
     sp_gather: Literal["auto", "bf16", "mxfp8"] | _Unset = _UNSET,
     sequence_parallel: bool | _Unset = _UNSET,
-    dump_dir: str | None | _Unset = _UNSET,
+    dump_dir: str | _Unset | None = _UNSET,
     strict: bool | _Unset = _UNSET,
 ) -> MxfusePass:
     """A `CustomGraphPass` for `torch.compile(options={"post_grad_custom_post_pass": ...})`.

@@ -51,7 +51,7 @@ class Block:
             # may still have its quant packed before the gather (exact either way)
             recognized = self.form in ("w_1", "w_1k", "eps_tensor", "llama_w", "two_plus_w")
             return "packed", MAY if self.gathered and recognized and options.sp_gather != "bf16" else MUST_NOT
-        if category == "fused" and not options.fuse_norm_quant or self.gathered and options.sp_gather == "bf16":
+        if (category == "fused" and not options.fuse_norm_quant) or (self.gathered and options.sp_gather == "bf16"):
             return category, MUST_NOT
         if self.view_before_quant:  # a quant reading a view of y: not a form the pass promises
             return category, MAY

@@ -15,8 +15,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from mxfuse.cli import args as cli_args
-from mxfuse.cli import build_parser, main
+from mxfuse.cli import args as cli_args, build_parser, main
 from mxfuse.cli.demo import run_demo
 from mxfuse.cli.dump import MANIFEST, prepare_out_dir
 from mxfuse.cli.recording import MergedReport, kind_fields, skip_fields

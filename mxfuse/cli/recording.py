@@ -9,8 +9,7 @@ from typing import NamedTuple, TextIO
 import torch
 
 from mxfuse.cli.progress import Progress
-from mxfuse.passes import explain as ex
-from mxfuse.passes import post_grad
+from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.analysis import capture_wrapper_code
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.post_grad import MxfusePass, PassReport

@@ -39,9 +39,8 @@ __all__ = ["MxfusePass", "PassReport", "cache_key", "rewrites", "run"]
 def rewrites() -> list[Rewrite]:
     """The rewrites, in the order they run (each reads the options it needs)."""
     from mxfuse.patterns.norm_quant import NormQuant
-    from mxfuse.patterns.sp_gather import SpGather
-
     from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
+    from mxfuse.patterns.sp_gather import SpGather
 
     # sequence_parallel first (a no-op unless the option is on): it emits the
     # norm -> all_gather -> quant shape that sp_gather then places
