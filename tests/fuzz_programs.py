@@ -40,7 +40,7 @@ class Block:
 
     def expectation(self, dtype: torch.dtype, k: int, options: PassOptions, frozen: bool) -> tuple[str, str]:
         """(the ops that stand for this block after the pass: FUSED, PACKED_FUSED or PACKED; MUST/MAY/MUST_NOT)."""
-        if not self.gathered:
+        if not self.gathered:  # noqa: SIM108 (a nested ternary reads worse)
             category = "fused"
         else:
             category = "packed_fused" if options.fuse_norm_quant else "packed"

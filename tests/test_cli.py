@@ -601,6 +601,6 @@ def test_run_ranks_streams_events_and_reports_the_failing_rank():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs --device cuda to fail")
 def test_dump_that_fails_before_writing_leaves_an_empty_directory(tmp_path):
     out = tmp_path / "new"
-    with pytest.raises(SystemExit, match="^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
+    with pytest.raises(SystemExit, match=r"^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
         main(["dump", "--out", str(out), "--device", "cuda"])
     assert out.is_dir() and not any(out.iterdir())  # a second run needs no --force

@@ -359,7 +359,8 @@ def compile_model(root, case: Case) -> Record:
 
 
 def tiny(architecture: str, model_type: str, **extra) -> dict:
-    """A two-layer HF config (unless `extra` says otherwise): hidden 128, two query heads of 64, one KV head, vocab 256."""
+    """A two-layer HF config (unless `extra` says otherwise): hidden 128, two query heads of 64, one KV head,
+    vocab 256."""
     return {
         "architectures": [architecture],
         "model_type": model_type,

@@ -203,7 +203,8 @@ def _finish_owned(
     dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
     CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, RULE: tl.constexpr,
 ):  # fmt: skip
-    """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
+    """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and
+    store codes + scales."""
     yf = (s * rstd[:, None]) * w
     y = yf.to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
@@ -311,7 +312,8 @@ def _store_u8_in_place(ptrs, val, mask):
 
 @triton.jit
 def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED: tl.constexpr, stride_s, SCALE_STORE: tl.constexpr):
-    """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4 `[pad128(M), SP]` offsets."""
+    """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4
+    `[pad128(M), SP]` offsets."""
     r2 = rows[:, None]
     c2 = scols[None, :]
     if SWIZZLED:

@@ -131,7 +131,7 @@ def _dump(dump_dir: str, before: str, after: str, report: PassReport) -> list[st
         paths.append(str(path))
     summary = out / f"mxfuse_{index:03d}.report.json"
     summary.write_text(json.dumps({**report.as_dict(), "dumps": paths}, indent=2))
-    return paths + [str(summary)]
+    return [*paths, str(summary)]
 
 
 def _log(report: PassReport):
