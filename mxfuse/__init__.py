@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import itertools
 import os
 import sys
 from typing import TYPE_CHECKING, Literal
@@ -32,7 +33,7 @@ def _started_as_the_command() -> bool:
     imports the ops it runs. Every other `import mxfuse` registers the ops right away."""
     argv0 = os.path.basename((getattr(sys, "argv", None) or [""])[0])
     orig = getattr(sys, "orig_argv", [])
-    run_as_module = any(a == "-m" and b.split(".")[0] == "mxfuse" for a, b in zip(orig, orig[1:]))
+    run_as_module = any(a == "-m" and b.split(".")[0] == "mxfuse" for a, b in itertools.pairwise(orig))
     return argv0 == "mxfuse" or run_as_module
 
 
@@ -63,7 +64,7 @@ def post_grad_pass(
     fuse_norm_quant: bool | _Unset = _UNSET,
     sp_gather: Literal["auto", "bf16", "mxfp8"] | _Unset = _UNSET,
     sequence_parallel: bool | _Unset = _UNSET,
-    dump_dir: str | None | _Unset = _UNSET,
+    dump_dir: str | _Unset | None = _UNSET,
     strict: bool | _Unset = _UNSET,
     fresh: bool | _Unset = _UNSET,
 ) -> MxfusePass:

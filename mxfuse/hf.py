@@ -27,8 +27,10 @@ def swap_linears(module: torch.nn.Module):
 def tiny_minimax_m3_layer(seed: int = 0):
     """`(layer, rotary)`: one bf16 `MiniMaxM3VLDecoderLayer` (hidden 128, 4 heads / 2 kv heads of 32,
     dense MLP 256, norm weights ~N(0, 0.1)) with MXFP8 linears, and its rotary embedding."""
-    from transformers.models.minimax_m3_vl import configuration_minimax_m3_vl as conf
-    from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as modeling
+    from transformers.models.minimax_m3_vl import (
+        configuration_minimax_m3_vl as conf,
+        modeling_minimax_m3_vl as modeling,
+    )
 
     config = conf.MiniMaxM3VLTextConfig(
         vocab_size=256,

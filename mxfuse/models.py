@@ -105,11 +105,11 @@ class ModelConfig:
             "down_proj": (self.hidden, self.intermediate),
         }
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def tiny(cls, **overrides) -> "ModelConfig":
+    def tiny(cls, **overrides) -> ModelConfig:
         """CPU-test size: hidden 256, 2 layers, 4 heads / 2 kv heads of 64, intermediate 512."""
         base = dict(
             vocab=512, hidden=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512, name="tiny"
@@ -117,7 +117,7 @@ class ModelConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def m3_flash_tp4(cls, **overrides) -> "ModelConfig":
+    def m3_flash_tp4(cls, **overrides) -> ModelConfig:
         """One TP=4 rank's shard of a MiniMax-M3.1-Flash-sized decoder (GPU benchmarks).
 
         Full model: hidden 6144, 64 query heads and 8 kv heads of 128, dense MLP
@@ -144,7 +144,7 @@ class ModelConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def by_name(cls, name: str, **overrides) -> "ModelConfig":
+    def by_name(cls, name: str, **overrides) -> ModelConfig:
         factories = {"tiny": cls.tiny, "m3-flash-tp4": cls.m3_flash_tp4, "m3_flash_tp4": cls.m3_flash_tp4}
         if name not in factories:
             raise ValueError(f"unknown model config {name!r}; known: tiny, m3-flash-tp4")
@@ -174,7 +174,7 @@ class MXFP8Linear(nn.Module):
         self._quantize_weight(_randn(gen, (out_features, in_features), 1.0 / math.sqrt(in_features), dtype, device))
 
     @classmethod
-    def from_weight(cls, weight: Tensor) -> "MXFP8Linear":
+    def from_weight(cls, weight: Tensor) -> MXFP8Linear:
         """An MXFP8 linear of an existing `[out, in]` weight (e.g. a Hugging Face `nn.Linear`'s)."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
@@ -286,7 +286,7 @@ class DecoderLayer(nn.Module):
         out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True)
         return out.squeeze(0).transpose(0, 1).reshape(t, c.q_size)
 
-    def forward(self, h: Tensor, residual: Tensor | None, sp: "_SP | None" = None) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, residual: Tensor | None, sp: _SP | None = None) -> tuple[Tensor, Tensor]:
         c = self.config
         if residual is None:
             x = self.input_norm(h)

@@ -73,7 +73,10 @@ def _linear(codes: Tensor, scales: Tensor) -> MXFP8Linear:
 def column_shard(linear: MXFP8Linear, splits: list[int], rank: int, world: int) -> MXFP8Linear:
     """Output rows of each part in `splits` (e.g. [q, k, v]) cut to this rank's share, parts kept in order."""
     codes, scales = linear.weight_codes.split(splits), linear.weight_scales.split(splits)
-    pick = lambda t: t.chunk(world)[rank]
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t.chunk(world)[rank]
+
     return _linear(torch.cat([pick(c) for c in codes]), torch.cat([pick(s) for s in scales]))
 
 

@@ -10,6 +10,7 @@ import random
 import torch
 from sp_helpers import GROUP, W
 
+from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.passes.options import PassOptions
 
 mx = torch.ops.mxfuse
@@ -39,18 +40,18 @@ class Block:
 
     def expectation(self, dtype: torch.dtype, k: int, options: PassOptions, frozen: bool) -> tuple[str, str]:
         """(the ops that stand for this block after the pass: FUSED, PACKED_FUSED or PACKED; MUST/MAY/MUST_NOT)."""
-        if not self.gathered:
+        if not self.gathered:  # noqa: SIM108 (a nested ternary reads worse)
             category = "fused"
         else:
             category = "packed_fused" if options.fuse_norm_quant else "packed"
-        if dtype == torch.float32 or k % 32 or not self.quants:
+        if dtype == torch.float32 or k % BLOCK or not self.quants:
             return category, MUST_NOT
         if self.form in LOOKALIKES and not (self.form == "eps_tensor" and not self.gathered):
             # never fused; a gathered one recognized as a norm but refused (weight shape, eps tensor)
             # may still have its quant packed before the gather (exact either way)
             recognized = self.form in ("w_1", "w_1k", "eps_tensor", "llama_w", "two_plus_w")
             return "packed", MAY if self.gathered and recognized and options.sp_gather != "bf16" else MUST_NOT
-        if category == "fused" and not options.fuse_norm_quant or self.gathered and options.sp_gather == "bf16":
+        if (category == "fused" and not options.fuse_norm_quant) or (self.gathered and options.sp_gather == "bf16"):
             return category, MUST_NOT
         if self.view_before_quant:  # a quant reading a view of y: not a form the pass promises
             return category, MAY
@@ -101,10 +102,10 @@ def draw_program(seed: int, with_vllm: bool, gathers: bool = True) -> tuple[Prog
         )
     dtype = rng.choices((torch.bfloat16, torch.float16, torch.float32), weights=(6, 3, 1))[0]
     k = rng.choices((64, 96, 48), weights=(5, 4, 1))[0]
-    if k % 32 or dtype == torch.float32:  # mxfuse's and vLLM's ops refuse these: Hugging Face forms only
+    if k % BLOCK or dtype == torch.float32:  # mxfuse's and vLLM's ops refuse these: Hugging Face forms only
         own = ("mxfuse", "vllm_ir")
         blocks = [dataclasses.replace(b, form="hf") if b.form in own else b for b in blocks]
-        if k % 32:
+        if k % BLOCK:
             blocks = [dataclasses.replace(b, quants=()) for b in blocks]
     return Program(tuple(blocks), dtype, k), rng
 

@@ -15,8 +15,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from mxfuse.cli import args as cli_args
-from mxfuse.cli import build_parser, main
+from mxfuse.cli import args as cli_args, build_parser, main
 from mxfuse.cli.demo import run_demo
 from mxfuse.cli.dump import MANIFEST, prepare_out_dir
 from mxfuse.cli.recording import MergedReport, kind_fields, skip_fields
@@ -168,6 +167,62 @@ def test_explain_reference(capsys):
     torch.compiler.reset()
 
 
+_FACTORY_MODULE = """
+import torch
+import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+
+
+class TwoNorms(torch.nn.Module):
+    def __init__(self, k=64):
+        super().__init__()
+        self.w_gemma = torch.nn.Parameter(torch.randn(k, dtype=torch.bfloat16) / 8, requires_grad=False)
+        self.w_llama = torch.nn.Parameter(torch.randn(k, dtype=torch.bfloat16) / 8, requires_grad=False)
+
+    def forward(self, x):
+        gemma = torch.ops.mxfuse.gemma_rmsnorm(x, self.w_gemma, 1e-6)
+        h = x.float()
+        llama = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w_llama.float()).to(x.dtype)
+        return torch.ops.mxfuse.mxfp8_quantize(gemma), torch.ops.mxfuse.mxfp8_quantize(llama)
+
+
+def factory():
+    return TwoNorms(), torch.randn(8, 64, dtype=torch.bfloat16)
+"""
+
+
+def test_explain_model_factory(tmp_path, monkeypatch, capsys):
+    """`--model pkg.module:factory` explains the user's module: a Gemma norm fuses; a Llama-style norm
+    (weight `w`, not `1 + w`) feeding the same quant is named, not fused, with the reason and the fix."""
+    (tmp_path / "mxfuse_cli_factory.py").write_text(_FACTORY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.compiler.reset()
+    rc = main(["explain", "--model", "mxfuse_cli_factory:factory", "--device", "cpu"])
+    out = capsys.readouterr().out
+    torch.compiler.reset()
+    assert rc == 0, out
+    assert "graph 0: 2 Gemma norms, 1 fused, 1 not fused" in out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in lines
+    unfused = next(i for i, line in enumerate(lines) if line.startswith("not fused: "))
+    assert "[hf:plain] at mxfuse_cli_factory.py:" in lines[unfused - 1]
+    assert "not Gemma's `1 + w`" in lines[unfused]
+    assert lines[unfused + 1].startswith("fix: ") and "gemma_rmsnorm" in lines[unfused + 1]
+    assert out.rstrip().endswith("1 of 2 Gemma norms fused")
+
+
+def test_explain_model_factory_bad_spec(capsys):
+    line = _argparse_error(capsys, ["explain", "--model", "nonsense"])
+    assert line == (
+        "mxfuse explain: error: argument --model: expected one of reference, hf-minimax-m3 or "
+        "pkg.module:factory, got 'nonsense'"
+    )
+    with pytest.raises(SystemExit) as exit_info:  # no such module: one line, no traceback
+        main(["explain", "--model", "mxfuse_no_such_module:factory", "--device", "cpu"])
+    assert str(exit_info.value.code) == (
+        "mxfuse explain: --model mxfuse_no_such_module:factory: No module named 'mxfuse_no_such_module'"
+    )
+
+
 def test_explain_is_pure_and_reports_each_reason():
     """explain() on a hand-made graph: the graph is untouched; K % 32, no quant, fused, option off."""
     mx = torch.ops.mxfuse
@@ -268,6 +323,10 @@ def test_skips_read_by_their_fields():
     quant = SkipRecord("sp_gather", None, "mxfp8_quantize_3", SkipCode.QUANT_UNSUPPORTED, "a quant it cannot replace")
     assert tuple(skip_fields(norm)) == ("norm_quant", "hf:plain", "convert_element_type_5", norm.reason)
     assert skip_fields(quant).norm_kind == "quant_input"  # the report's word for a site with no norm
+    whole = SkipRecord(
+        "sequence_parallel", None, "all_reduce_1", SkipCode.ALL_REDUCE_FORM, "not an all-reduce it knows"
+    )
+    assert skip_fields(whole).norm_kind == "whole_graph"  # the rewrite left the whole graph, not a norm
 
 
 def test_kinds_read_by_their_fields():
@@ -542,6 +601,6 @@ def test_run_ranks_streams_events_and_reports_the_failing_rank():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs --device cuda to fail")
 def test_dump_that_fails_before_writing_leaves_an_empty_directory(tmp_path):
     out = tmp_path / "new"
-    with pytest.raises(SystemExit, match="^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
+    with pytest.raises(SystemExit, match=r"^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
         main(["dump", "--out", str(out), "--device", "cuda"])
     assert out.is_dir() and not any(out.iterdir())  # a second run needs no --force

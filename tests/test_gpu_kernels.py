@@ -1,6 +1,6 @@
 """GPU tests of the Triton norm / quant kernels (`mxfuse/ops/triton_norm_quant.py`).
 
-What is asserted (DESIGN.md "Fidelity"):
+What is asserted (docs/design.md "Fidelity"):
 
 - fused vs. unfused project ops on the GPU: BITWISE equal (codes viewed as uint8, scales,
   residual_out, y), plain and fused-add, both scale layouts, emit_y, round_sum,

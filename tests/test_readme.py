@@ -27,7 +27,7 @@ def test_python_examples_run_and_print_what_the_readme_shows():
             exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
         shown = [line.removeprefix("# ").strip() for line in block.splitlines() if line.startswith("# {")]
         if shown:
-            assert printed.getvalue().strip().splitlines()[-len(shown):] == shown
+            assert printed.getvalue().strip().splitlines()[-len(shown) :] == shown
 
 
 def test_ci_runs_exactly_the_readme_test_command():

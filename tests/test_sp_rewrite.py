@@ -627,7 +627,7 @@ def _has_vllm() -> bool:
 def vllm_and_gloo2_reports():
     """W = 2: one spawn serves both families when vLLM is importable (vLLM's TP group, and torch's
     world group it initialized); else plain gloo and the c10d family only."""
-    from spawn_helpers import run_ranks
+    from mxfuse.testing import run_ranks
 
     if _has_vllm():
         return run_ranks(_vllm_rank_body, 2, timeout=600)

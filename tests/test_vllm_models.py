@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from spawn_helpers import free_port
 from torch import fx
 from vllm_flashinfer import register_vllm_flashinfer_ops
+
+from mxfuse.testing import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -358,7 +359,8 @@ def compile_model(root, case: Case) -> Record:
 
 
 def tiny(architecture: str, model_type: str, **extra) -> dict:
-    """A two-layer HF config (unless `extra` says otherwise): hidden 128, two query heads of 64, one KV head, vocab 256."""
+    """A two-layer HF config (unless `extra` says otherwise): hidden 128, two query heads of 64, one KV head,
+    vocab 256."""
     return {
         "architectures": [architecture],
         "model_type": model_type,

@@ -1,4 +1,4 @@
-"""Benchmark the Triton norm / quant kernels on a CUDA GPU (DESIGN.md "Measuring").
+"""Benchmark the Triton norm / quant kernels on a CUDA GPU (docs/design.md "Measuring").
 
 For K in {6144, 3072} and M in {1 .. 16384}, per call (CUDA graph of 64 back-to-back
 calls cycling through enough input sets to not sit in L2, L2 flushed before each replay,
@@ -34,8 +34,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph  # noqa: E402
+from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
+from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
@@ -45,12 +45,8 @@ KINDS = ("add", "plain")
 DEFAULT = "default"  # the ops' own config choice (norm_config(K, M))
 
 
-def _pad(n, m):
-    return (n + m - 1) // m * m
-
-
 def needed_bytes(m, k, add, swizzled, elem=2):
-    scales = _pad(m, 128) * _pad(k // 32, 4) if swizzled else m * (k // 32)
+    scales = padded_rows(m) * padded_scale_columns(k) if swizzled else m * scale_columns(k)
     return (3 if add else 1) * elem * m * k + m * k + scales
 
 
@@ -196,8 +192,9 @@ def tables(results, copy_tbs, vname):
             f"copy = {copy_tbs:.2f} TB/s; Liger = {liger_title})\n"
         )
         out.append(
-            "| K | M | fused µs | TB/s | % of copy | Liger alone µs | Liger / fused | Liger + quant µs | (Liger+quant) / fused "
-            "| unfused µs | unfused / fused | compiled µs | compiled / fused | fused swz µs | swz TB/s | Liger / swz |"
+            "| K | M | fused µs | TB/s | % of copy | Liger alone µs | Liger / fused | Liger + quant µs "
+            "| (Liger+quant) / fused | unfused µs | unfused / fused | compiled µs | compiled / fused "
+            "| fused swz µs | swz TB/s | Liger / swz |"
         )
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
@@ -208,8 +205,9 @@ def tables(results, copy_tbs, vname):
             tb = tbs(needed_bytes(m, k, kind == "add", False), f)
             tbz = tbs(needed_bytes(m, k, kind == "add", True), fs)
             out.append(
-                f"| {k} | {m} | {f:.2f} | {tb:.2f} | {100 * tb / copy_tbs:.0f}% | {lg:.2f} | {lg / f:.2f}x | {lq:.2f} | "
-                f"{lq / f:.2f}x | {u:.2f} | {u / f:.2f}x | {c:.2f} | {c / f:.2f}x | {fs:.2f} | {tbz:.2f} | {lg / fs:.2f}x |"
+                f"| {k} | {m} | {f:.2f} | {tb:.2f} | {100 * tb / copy_tbs:.0f}% | {lg:.2f} | {lg / f:.2f}x "
+                f"| {lq:.2f} | {lq / f:.2f}x | {u:.2f} | {u / f:.2f}x | {c:.2f} | {c / f:.2f}x "
+                f"| {fs:.2f} | {tbz:.2f} | {lg / fs:.2f}x |"
             )
     return "\n".join(out)
 

@@ -44,9 +44,32 @@ def add_pass_args(p: argparse.ArgumentParser):
     p.add_argument("--no-fuse-norm-quant", action="store_true", help="pass option fuse_norm_quant=False")
 
 
-def add_model_args(p: argparse.ArgumentParser):
-    """What `dump` and `explain` compile: the reference decoder or the tiny Hugging Face layer."""
-    p.add_argument("--model", choices=MODEL_NAMES, default="reference", help="what to compile (default: reference)")
+def model_spec(text: str) -> str:
+    """argparse `type=` for `explain --model`: a known model name, or `pkg.module:factory`."""
+    module, sep, factory = text.partition(":")
+    if text in MODEL_NAMES or (sep and module and factory):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(MODEL_NAMES)} or pkg.module:factory, got {text!r}")
+
+
+def is_factory(model: str) -> bool:
+    """`--model pkg.module:factory`: the user's module, not one of the package's models."""
+    return ":" in model
+
+
+def add_model_args(p: argparse.ArgumentParser, factories: bool = False):
+    """What `dump` and `explain` compile: the reference decoder or the tiny Hugging Face layer (and, with
+    `factories`, any module a `pkg.module:factory` returns)."""
+    if factories:
+        p.add_argument(
+            "--model",
+            type=model_spec,
+            default="reference",
+            metavar="{" + ",".join((*MODEL_NAMES, "pkg.module:factory")) + "}",
+            help="what to compile (default: reference); pkg.module:factory returns (module, example_inputs)",
+        )
+    else:
+        p.add_argument("--model", choices=MODEL_NAMES, default="reference", help="what to compile (default: reference)")
     p.add_argument("--tokens", type=positive_int, default=64, help="tokens (rows) of the input (default 64)")
     p.add_argument("--config", choices=CONFIG_NAMES, default="tiny", help="reference model shapes (default: tiny)")
     p.add_argument("--layers", type=positive_int, default=None, help="reference model: override the number of layers")
@@ -58,11 +81,14 @@ def check_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """Reference-model flags given with the Hugging Face layer are an error, not silently ignored."""
     if args.model == "reference":
         return
+    if is_factory(args.model) and args.device == "cuda":
+        parser.error(f"--device cuda applies to --model reference; {args.model} places its own module and inputs")
     if args.layers is not None:
         parser.error(f"--layers applies to --model reference, not {args.model}")
-    if args.device == "cuda":
+    if args.device == "cuda" and not is_factory(args.model):
         parser.error(f"--device cuda applies to --model reference; {args.model} runs on cpu")
-    require("transformers", f"{parser.prog} --model {args.model}")
+    if not is_factory(args.model):  # the Hugging Face layers
+        require("transformers", f"{parser.prog} --model {args.model}")
 
 
 def require(module: str, who: str):

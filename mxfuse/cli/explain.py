@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from mxfuse.cli.args import add_model_args, check_model_args
+from mxfuse.cli.args import add_model_args, check_model_args, is_factory
 
 NAME = "explain"
 
@@ -18,13 +19,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Compile a model with the mxfuse passes and say, for every Gemma norm of the graph, whether "
         "it fused and if not why, with its module and source line.",
     )
-    add_model_args(p)
+    add_model_args(p, factories=True)
     p.add_argument("--source", action="store_true", help="also print the source line of each norm")
     p.set_defaults(check=check_model_args, run=run)
     return p
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    if is_factory(args.model):
+        return run_factory(args, out)
     from mxfuse.cli.recording import RecordingPass, compile_and_run
     from mxfuse.cli.targets import build_target, options_text, pass_options_from
 
@@ -33,17 +36,49 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     pass_obj = RecordingPass(options, explain=True)
     print(f"mxfuse explain: {target.description}; passes: {options_text(options)}", file=out)
     compile_and_run(target.fn, target.x, pass_obj, "compiling", out)
+    graphs = zip(pass_obj.verdicts, pass_obj.quant_inputs)
+    print_verdicts(graphs, args.source, out)
+    return 0 if not pass_obj.merged_report().failed else 1
+
+
+def run_factory(args: argparse.Namespace, out: TextIO) -> int:
+    """`--model pkg.module:factory`: explain the user's module on the inputs its factory returns."""
+    from mxfuse.cli.targets import options_text, pass_options_from
+    from mxfuse.passes.explain import explain_module, load_factory
+
+    try:
+        module, inputs = load_factory(args.model)
+    except (ImportError, AttributeError, ValueError) as e:
+        detail = str(e).removeprefix("mxfuse explain: ")  # load_factory's own errors already name the command
+        raise SystemExit(f"mxfuse explain: --model {args.model}: {detail}") from None
+    options = pass_options_from(args)
+    print(f"mxfuse explain: {args.model}; passes: {options_text(options)}", file=out)
+    explanation = explain_module(module, *inputs, options=options)
+    graphs = [(g.verdicts, g.quant_inputs) for g in explanation.graphs]
+    print_verdicts(graphs, args.source, out, fixes=True)
+    return 0 if not any(g.report.failed for g in explanation.graphs) else 1
+
+
+def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, out: TextIO, fixes: bool = False):
+    """Per graph: every Gemma norm (fused or why not), the rewrites that left the whole graph, and the
+    MXFP8 quants no norm feeds."""
     n_fused = n_total = 0
-    for i, (verdicts, quants) in enumerate(zip(pass_obj.verdicts, pass_obj.quant_inputs)):
-        fused = sum(v.fused for v in verdicts)
-        n_fused, n_total = n_fused + fused, n_total + len(verdicts)
-        print(f"graph {i}: {len(verdicts)} Gemma norms, {fused} fused, {len(verdicts) - fused} not fused", file=out)
-        for v in verdicts:
+    for i, (verdicts, quants) in enumerate(graphs):
+        norms = [v for v in verdicts if not v.whole_graph]
+        whole = [v for v in verdicts if v.whole_graph]
+        fused = sum(v.fused for v in norms)
+        n_fused, n_total = n_fused + fused, n_total + len(norms)
+        print(f"graph {i}: {len(norms)} Gemma norms, {fused} fused, {len(norms) - fused} not fused", file=out)
+        for v in norms:
             where = " ".join(filter(None, (v.module, f"at {v.source}" if v.source else None)))
             print(f"  {v.node} [{v.kind}] {where}".rstrip(), file=out)
-            if v.source_line and args.source:
+            if v.source_line and source:
                 print(f"      {v.source_line}", file=out)
             print(f"    {'fused: ' if v.fused else 'not fused: '}{v.detail}", file=out)
+            if fixes and not v.fused and v.fix:
+                print(f"    fix: {v.fix}", file=out)
+        for v in whole:
+            print(f"  {v.rewrite} left the whole graph alone at {v.node}: {v.detail}", file=out)
         if quants:
             producers = collections.Counter(q.producer for q in quants)
             print(f"  MXFP8 quants not fed by a Gemma norm (left as they are): {len(quants)}", file=out)
@@ -57,4 +92,3 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                         file=out,
                     )
     print(f"{n_fused} of {n_total} Gemma norms fused", file=out)
-    return 0 if not pass_obj.merged_report().failed else 1

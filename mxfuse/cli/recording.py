@@ -9,8 +9,7 @@ from typing import NamedTuple, TextIO
 import torch
 
 from mxfuse.cli.progress import Progress
-from mxfuse.passes import explain as ex
-from mxfuse.passes import post_grad
+from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.analysis import capture_wrapper_code
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.post_grad import MxfusePass, PassReport
@@ -38,8 +37,8 @@ def kind_fields(kind) -> KindFields:
 
 def skip_fields(skip) -> SkipFields:
     """Read a `SkipRecord` of the pass report by its fields."""
-    norm_kind = skip.norm_kind if skip.norm_kind is not None else "quant_input"  # a quant input, no norm
-    return SkipFields(skip.rewrite, norm_kind, str(skip.node), skip.reason)
+    label = skip.as_dict()["kind"]  # the norm kind, or "quant_input" / "whole_graph" for a site with no norm
+    return SkipFields(skip.rewrite, label, str(skip.node), skip.reason)
 
 
 @dataclass

@@ -291,7 +291,9 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None):
+def _(
+    x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None
+):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
     _runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor)
@@ -304,7 +306,9 @@ def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, w
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None):
+def _(
+    x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None
+):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)

@@ -84,8 +84,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8 = torch.float8_e4m3fn
-BLOCK = 32
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
+
 SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
 __all__ = [
@@ -203,7 +203,8 @@ def _finish_owned(
     dtype: tl.constexpr, QUANT: tl.constexpr, EMIT_Y: tl.constexpr, SWIZZLED: tl.constexpr, BM: tl.constexpr,
     CH: tl.constexpr, J: tl.constexpr, QUANT_OPS: tl.constexpr, SCALE_STORE: tl.constexpr, RULE: tl.constexpr,
 ):  # fmt: skip
-    """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and store codes + scales."""
+    """Chunk J (columns J*CH ..): y = (s * rstd) * w rounded to dtype; store y (norm) or quantize it and
+    store codes + scales."""
     yf = (s * rstd[:, None]) * w
     y = yf.to(dtype)
     mask = row_mask[:, None] & (cols < K)[None, :]
@@ -257,7 +258,7 @@ def _mx_quant_tile(v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexp
     before the cast): the same bits, two instructions more per element.
 
     RULE (`reference.QuantRule`, constexpr: the default code is not touched by the other
-    branch): 0 DEFAULT (DESIGN.md); 1 TORCHAO (torchao's RCEIL: a NaN makes the block's
+    branch): 0 DEFAULT (docs/design.md); 1 TORCHAO (torchao's RCEIL: a NaN makes the block's
     scale 255 and all 32 of its codes NaN; a block with scale byte 0 is multiplied by 1.0
     instead of 2**127). The amax is then the NaN-propagating max (one `max.NaN` per element
     instead of maxNum: no extra instruction), so a NaN block is `amax != amax`; its scale
@@ -311,7 +312,8 @@ def _store_u8_in_place(ptrs, val, mask):
 
 @triton.jit
 def _store_scales(sc_ptr, sb, rows, scols, M_grid, S, SP, SWIZZLED: tl.constexpr, stride_s, SCALE_STORE: tl.constexpr):
-    """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4 `[pad128(M), SP]` offsets."""
+    """Store `[BM, NB]` scales at row-major `[M, S]` (rows `stride_s` bytes apart) or F8_128x4
+    `[pad128(M), SP]` offsets."""
     r2 = rows[:, None]
     c2 = scols[None, :]
     if SWIZZLED:
@@ -731,11 +733,11 @@ def _out_views(m, k, swizzled, dev, out_codes, out_scales):
     s, sp = k // BLOCK, _round_up(k // BLOCK, 4)
     m_grid = _round_up(m, 128) if swizzled else m
     if out_codes is None:
-        codes = torch.empty((m, k), dtype=FP8, device=dev)
+        codes = torch.empty((m, k), dtype=FP8_DTYPE, device=dev)
     else:
         codes = out_codes
-        if codes.shape != (m, k) or codes.dtype != FP8 or codes.device != dev:
-            raise ValueError(f"triton_norm_quant: out_codes must be [{m}, {k}] {FP8} on {dev}, got "
+        if codes.shape != (m, k) or codes.dtype != FP8_DTYPE or codes.device != dev:
+            raise ValueError(f"triton_norm_quant: out_codes must be [{m}, {k}] {FP8_DTYPE} on {dev}, got "
                              f"{tuple(codes.shape)} {codes.dtype} {codes.device}")  # fmt: skip
         _check2d("out_codes", codes)
     if out_scales is None:

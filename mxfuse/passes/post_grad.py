@@ -40,9 +40,8 @@ __all__ = ["MxfusePass", "PassReport", "cache_key", "rewrites", "run"]
 def rewrites() -> list[Rewrite]:
     """The rewrites, in the order they run (each reads the options it needs)."""
     from mxfuse.patterns.norm_quant import NormQuant
-    from mxfuse.patterns.sp_gather import SpGather
-
     from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
+    from mxfuse.patterns.sp_gather import SpGather
 
     # sequence_parallel first (a no-op unless the option is on): it emits the
     # norm -> all_gather -> quant shape that sp_gather then places
@@ -144,7 +143,7 @@ def _write_dump(out: Path, before: str, after: str, report: PassReport) -> list[
         paths.append(str(path))
     summary = out / f"mxfuse_{index:03d}.report.json"
     summary.write_text(json.dumps({**report.as_dict(), "dumps": paths}, indent=2))
-    return paths + [str(summary)]
+    return [*paths, str(summary)]
 
 
 def _log(report: PassReport):

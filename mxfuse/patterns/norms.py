@@ -28,6 +28,7 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto
 from torch._inductor.pattern_matcher import get_arg_value
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
 from mxfuse.patterns.hf_norm import match_hf
 from mxfuse.patterns.results import Reason, SkipCode
@@ -76,8 +77,10 @@ def reject_reason(norm: NormMatch, *, runtime_eps: bool = False) -> Reason | Non
             SkipCode.ACTIVATION_DTYPE, f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
         )
     k = x.shape[-1]
-    if not statically_known_true(k % 32 == 0):
-        text = f"hidden size K={k} is not a multiple of 32" if isinstance(k, int) else f"hidden size {k} is symbolic"
+    if not statically_known_true(k % BLOCK == 0):
+        text = (
+            f"hidden size K={k} is not a multiple of {BLOCK}" if isinstance(k, int) else f"hidden size {k} is symbolic"
+        )
         return Reason(SkipCode.HIDDEN_SIZE, text)
     eps_reason = _eps_reason(norm.eps, runtime_eps)
     if eps_reason is not None:

@@ -52,6 +52,7 @@ not bf16/fp16, a vLLM quant that pads K, local codes/scales with other users.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -176,7 +177,7 @@ class SpGather:
             for user in list(norm.y.users):
                 gather = match_all_gather(user)
                 if gather is not None and gather.x is norm.y:
-                    plan = lambda n=norm, g=gather: plan_norm_gather(n, g, options)
+                    plan = partial(plan_norm_gather, norm, gather, options)
                     planned.append(plan_site(NAME, norm.y, norm.kind, options, plan))
         return planned
 

@@ -17,8 +17,8 @@ graph; `y` is the bf16 activation `[..., K]`, `S = K/32`)::
 
 EMULATED dequantizes `codes` and the row-major `scales`; AUTO feeds `_scaled_mm` the flat
 blocked (F8_128x4) scales. For a bf16 amax both spellings give the exact `ceil(log2(amax /
-448))` of DESIGN.md; NaN and scale byte 0 differ from the default encoding:
-:attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
+448))` of docs/design.md ("The E8M0 scale of a block"); NaN and scale byte 0 differ from the
+default encoding: :attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
 chain (reshape sizes only through fake shapes: any K, dynamic M);
 :meth:`TorchaoQuantMatch.replace_outputs` rewires its readers to a fused op, leaving it dead.
 """
@@ -32,8 +32,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from mxfuse.ops.mx_layout import BLOCK
-from mxfuse.ops.mx_layout import FP8_MAX as E4M3_MAX
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, FP8_MAX, SWIZZLE_COLUMN_TILE, padded_rows, round_up
 from mxfuse.ops.reference import E8M0_NAN, QuantRule
 from mxfuse.patterns.fx_utils import call, fake, is_call, redirect_uses, static_int
 
@@ -149,7 +148,7 @@ def _descale(head: fx.Node) -> fx.Node | None:
     node = _only_user(node, aten.amax.default, check=lambda n: len(n.args) == 2 and _is_last_dim(n.args[1], head))
     node = _only_user(node, aten.unsqueeze.default, check=lambda n: _is_last_dim([n.args[1]], head))
     node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == torch.float32)
-    return _only_user(node, aten.div.Tensor, check=lambda n: _value(n.args[1]) == E4M3_MAX)
+    return _only_user(node, aten.div.Tensor, check=lambda n: _value(n.args[1]) == FP8_MAX)
 
 
 def _multiplier_exponent(multiplier: fx.Node | None) -> fx.Node | None:
@@ -222,8 +221,8 @@ def _is_ptx_rceil(node, descale: fx.Node) -> bool:
 def _codes(h32: fx.Node, multiplier: fx.Node, head: fx.Node) -> fx.Node | None:
     """`reshape(e4m3(clamp(mul(f32(head), r), -448, 448)), [M, K])`."""
     node = _only_user(h32, aten.mul.Tensor, check=lambda n: tuple(n.args) == (h32, multiplier))
-    node = _clamp_users(node, -E4M3_MAX, E4M3_MAX)
-    node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == torch.float8_e4m3fn)
+    node = _clamp_users(node, -FP8_MAX, FP8_MAX)
+    node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == FP8_DTYPE)
     node = _only_user(node, *_VIEWS)
     return node if _shape_is(node, fake(head.args[0]).shape) else None
 
@@ -271,7 +270,7 @@ def _zero_padded(scales: fx.Node) -> fx.Node | None:
     whole dim is dropped by Inductor, and with nothing to pad the scales are the result.
     """
     m, n = fake(scales).shape
-    padded_shape = ((m + 127) // 128 * 128, (n + 3) // 4 * 4)
+    padded_shape = (padded_rows(m), round_up(n, SWIZZLE_COLUMN_TILE))
     node = scales
     for _ in range(4):  # copy, slice_scatter (columns), slice_scatter (rows)
         if _shape_is(node, padded_shape):
