@@ -15,13 +15,14 @@ from mxfuse.models import MXFP8Linear
 HIDDEN = 128
 
 
-def swap_linears(module: torch.nn.Module):
-    """Replace every `nn.Linear` below `module` by an MXFP8 linear of its weight, in place."""
+def swap_linears(module: torch.nn.Module, linear: type[MXFP8Linear] = MXFP8Linear):
+    """Replace every `nn.Linear` below `module` by an MXFP8 linear (`linear`, an `MXFP8Linear`
+    class) of its weight, in place."""
     for name, child in module.named_children():
         if isinstance(child, torch.nn.Linear):
-            setattr(module, name, MXFP8Linear.from_weight(child.weight))
+            setattr(module, name, linear.from_weight(child.weight))
         else:
-            swap_linears(child)
+            swap_linears(child, linear)
 
 
 def tiny_minimax_m3_layer(seed: int = 0):

@@ -17,6 +17,7 @@ from foreign_bound import assert_within_foreign_bound
 from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, compile_with_pass
 
 import mxfuse
+from mxfuse.hf import swap_linears
 from mxfuse.models import MXFP8Linear
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.results import SkipCode
@@ -33,14 +34,6 @@ class FlatteningMXFP8Linear(MXFP8Linear):
         codes, scales = mx.mxfp8_quantize(x.reshape(-1, self.in_features))
         out = self.forward_quantized(codes, scales, x.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
-
-
-def swap_linears(module):
-    for name, child in module.named_children():
-        if isinstance(child, torch.nn.Linear):
-            setattr(module, name, FlatteningMXFP8Linear.from_weight(child.weight))
-        else:
-            swap_linears(child)
 
 
 def gemma3_layer_forward(tokens: int):
@@ -63,7 +56,7 @@ def gemma3_layer_forward(tokens: int):
         if isinstance(module, modeling.Gemma3RMSNorm):
             torch.nn.init.normal_(module.weight, std=0.1)
     layer = layer.to(torch.bfloat16).eval()
-    swap_linears(layer)
+    swap_linears(layer, FlatteningMXFP8Linear)
     hidden = torch.randn(1, tokens, HIDDEN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     positions = torch.arange(tokens).unsqueeze(0)
     with torch.no_grad():
