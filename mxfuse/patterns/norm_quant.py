@@ -79,7 +79,7 @@ class NormQuantFusion:
 
     @property
     def replaced(self) -> list[fx.Node]:
-        return [self.norm.y, *(reader(q) for q in self.quants)]
+        return [self.norm.y, *(q.quant.reads for q in self.quants)]
 
     @property
     def kind(self) -> FusionKind:
@@ -131,7 +131,7 @@ class NormQuant:
         if not isinstance(fusion, NormQuantFusion):
             return None
         norm = fusion.norm
-        rule = getattr(fusion.quants[0].quant, "rule", QuantRule.DEFAULT)  # the encoding the matched quant uses
+        rule = fusion.quants[0].quant.rule  # the encoding the matched quant uses
         out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
         codes, scales = out["codes"], out["scales"]
         if fusion.quants[0].quant.flat_swizzled_scales:
@@ -150,15 +150,9 @@ class NormQuant:
                     rows = fusion.swizzled  # swizzled scales are 2-D over all rows: no view to replay
                     _replace(quant.scales, scales if rows else replay_views(graph, viewed.views, scales, k // 32))
         if fusion.emit_y:
-            replaced = {reader(q) for q in fusion.quants}
+            replaced = {q.quant.reads for q in fusion.quants}
             redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
         return out["fused"]
-
-
-def reader(viewed: ViewedQuant) -> fx.Node:
-    """The node through which the quant reads the norm (torchao's chain reads through a reshape)."""
-    quant = viewed.quant
-    return quant.reads if isinstance(quant, TorchaoQuantMatch) else quant.node
 
 
 def _is_dead(norm: NormMatch) -> bool:
@@ -183,7 +177,7 @@ def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
 
 def _keeps_other_users(y: fx.Node, chosen: tuple[ViewedQuant, ...]) -> bool:
     """Whether anything but the chosen quants (and views read only by them) reads `y`."""
-    consumed = {reader(v) for v in chosen}
+    consumed = {v.quant.reads for v in chosen}
     views = {view for v in chosen for view in v.views}
     changed = True
     while changed:

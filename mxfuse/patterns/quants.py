@@ -8,6 +8,7 @@ import torch
 from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
+from mxfuse.ops.reference import QuantRule
 from mxfuse.patterns.fx_utils import fake, has_live_users, is_call, single_getitem
 from mxfuse.patterns.results import Reason, SkipCode
 
@@ -23,6 +24,12 @@ class QuantMatch:
     codes: fx.Node | None
     scales: fx.Node | None
     flat_swizzled_scales: bool = False  # vLLM returns swizzled scales as a 1-D tensor
+    rule: QuantRule = QuantRule.DEFAULT  # the NaN / scale-byte-0 encoding the quant uses
+
+    @property
+    def reads(self) -> fx.Node:
+        """The node through which the quant reads its input (the quant node itself here)."""
+        return self.node
 
 
 def _vllm_quant_op():
