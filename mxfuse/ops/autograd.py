@@ -43,8 +43,8 @@ def _norm_grads(
 
     With `r = rsqrt(mean(s*s) + eps)` and `g = dy * (w + offset)`:
     `ds = r * (g - n * mean(g * n))`, `dw = sum over rows of dy * n`. `rounded` (the dtype
-    of `round_normalized`): `dw` reads the rounded `n` the forward multiplied by, and the
-    rounding passes `g` straight through, as autograd does for a dtype cast.
+    of `round_normalized`): `dw` reads the rounded `n` the forward multiplied by, and `g`
+    crosses that rounding as autograd takes a gradient through a dtype cast: rounded to it.
     """
     r = torch.rsqrt((s * s).mean(dim=-1, keepdim=True) + eps)
     n = s * r
@@ -52,6 +52,8 @@ def _norm_grads(
         return torch.zeros_like(s), torch.zeros(weight.shape, dtype=torch.float32, device=s.device)
     dy = grad_y.float()
     g = dy * (weight.float() + offset)
+    if rounded is not None:
+        g = g.to(rounded).float()
     ds = r * (g - n * (g * n).mean(dim=-1, keepdim=True))
     multiplied = n if rounded is None else n.to(rounded).float()
     return ds, (dy * multiplied).sum(dim=0)
