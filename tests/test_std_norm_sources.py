@@ -5,7 +5,9 @@ Each source runs as its users run it: Hugging Face's norm modules eager, vLLM's 
 layer and its IR ops (their `native` implementation, what vLLM lowers them to when it
 compiles with Inductor), `torch.nn.functional.rms_norm` eager and compiled. Bitwise where
 the contract says so; the foreign bound (tests/foreign_bound.py) where Inductor's
-reduction order is not ours. Nothing is stubbed.
+reduction order is not ours. One stub: the CUDA kernels of FlashInfer and vLLM's `_C`
+(they need a GPU and vLLM's extension) are emulated in plain PyTorch
+(`emulated_cuda_norm`) to test the bound claimed for them.
 """
 
 from __future__ import annotations
@@ -176,3 +178,39 @@ def test_torch_rms_norm_compiled_is_within_the_foreign_bound(dtype):
     y = torch.compile(lambda t: F.rms_norm(t, (K,), w, EPS), fullgraph=True)(x)
     assert_within_one_ulp(mx.rms_norm(x, w, EPS), y)
     assert_within_foreign_bound(mx.gemma_rmsnorm_mxfp8(x, w, EPS, False, True, 0.0), quant_then(y), swizzled=False)
+
+
+# ----------------------------------------- CUDA kernels (FlashInfer, vLLM's _C)
+
+
+def emulated_cuda_norm(x, residual, w, round_sum: bool):
+    """The arithmetic of FlashInfer's norm kernels (`norm.cuh:63-127, 416-496`, fp32 sum of x + residual)
+    and vLLM's `_C` kernels (`layernorm_kernels.cu`, the sum rounded to dtype first: `round_sum`),
+    in plain PyTorch: per-thread strided partial sums of squares added as a tree (not torch's
+    order), `sum / K`, an rsqrt two fp32 ulps off (as `rsqrt.approx` / `rsqrtf` may be), one rounding."""
+    s = x.float() if residual is None else x.float() + residual.float()
+    residual_out = None if residual is None else s.to(x.dtype)
+    if round_sum and residual is not None:
+        s = residual_out.float()
+    partial = (s * s).view(s.shape[0], -1, 32).sum(dim=1)  # 32 "threads", each striding over the row
+    while partial.shape[1] > 1:
+        partial = partial[:, 0::2] + partial[:, 1::2]
+    rstd = torch.rsqrt(partial / K + EPS) * (1 + 2.0**-22)
+    y = (s * rstd * w.float()).to(x.dtype)
+    return y if residual is None else (y, residual_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("round_sum", [False, True], ids=["flashinfer", "vllm_c"])
+def test_cuda_kernel_arithmetic_is_within_the_foreign_bound(dtype, round_sum):
+    """The bound claimed for the kernels that cannot run here, against an emulation of their order
+    of operations (the one stub of this module: the kernels themselves need CUDA)."""
+    g = torch.Generator().manual_seed(11)
+    x, residual = ((torch.randn(256, K, generator=g) * 3).to(dtype) for _ in range(2))
+    w = weight(dtype)
+    y = emulated_cuda_norm(x, None, w, round_sum)
+    assert_within_foreign_bound(mx.gemma_rmsnorm_mxfp8(x, w, EPS, False, True, 0.0), quant_then(y), swizzled=False)
+    y, residual_out = emulated_cuda_norm(x, residual, w, round_sum)
+    fused = mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, w, EPS, False, True, round_sum, 0.0)
+    assert_within_foreign_bound(fused, quant_then(y, residual_out), swizzled=False)
+    assert_bitwise(fused[2], residual_out)
