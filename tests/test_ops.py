@@ -94,6 +94,88 @@ def test_weight_offset_zero_takes_one_plus_w_in_fp32():
     assert_bitwise(explicit, gemma)
 
 
+def standard_unfused(x, residual, weight, eps, swizzled, round_normalized):
+    """The standard RMSNorm as the project's unfused pair: `rms_norm` (or `fused_add_rms_norm`), then the quant."""
+    if residual is None:
+        y = mx.rms_norm(x, weight, eps, round_normalized)
+        return (*mx.mxfp8_quantize(y, swizzled), y)
+    y, residual_out = mx.fused_add_rms_norm(x, residual, weight, eps, round_normalized)
+    return (*mx.mxfp8_quantize(y, swizzled), residual_out, y)
+
+
+def standard_fused(x, residual, weight, eps, swizzled, round_normalized, emit_y=True):
+    """The standard RMSNorm fused: the Gemma-named fused ops with `weight_offset=0.0`."""
+    kw = {"emit_y": emit_y, "weight_offset": 0.0, "round_normalized": round_normalized}
+    if residual is None:
+        return mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, **kw)
+    return mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, **kw)
+
+
+@pytest.mark.parametrize("m,k", [(0, 64), (1, 64), (37, 160), (130, 6144)])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("round_normalized", [False, True], ids=["fp32", "round_normalized"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_standard_fused_equals_unfused_bitwise(m, k, residual, swizzled, round_normalized, dtype):
+    x = special_rows(m, k, dtype)
+    r = special_rows(m, k, dtype, seed=1).roll(1, 0) if residual else None
+    w = torch.randn(k, generator=torch.Generator().manual_seed(2)).to(dtype)
+    w[:32], w[32:40] = 2.0**-8, -0.0  # a small weight block, and -0 weights (the sign of y's zeros)
+    expected = standard_unfused(x, r, w, 1e-6, swizzled, round_normalized)
+    assert_bitwise(standard_fused(x, r, w, 1e-6, swizzled, round_normalized), expected)
+    no_y = standard_fused(x, r, w, 1e-6, swizzled, round_normalized, emit_y=False)
+    assert no_y[-1].numel() == 0
+    assert_bitwise(no_y[:-1], expected[:-1])
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
+def test_round_normalized_gemma_equals_unfused(residual):
+    x, w = special_rows(40, 192), (0.1 * torch.randn(192)).to(torch.bfloat16)
+    if residual:
+        r = special_rows(40, 192, seed=5)
+        y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6, True)
+        fused_out = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, True, True, round_normalized=True)
+        assert_bitwise(fused_out, (*mx.mxfp8_quantize(y, True), res, y))
+    else:
+        y = mx.gemma_rmsnorm(x, w, 1e-6, True)
+        assert_bitwise(
+            mx.gemma_rmsnorm_mxfp8(x, w, 1e-6, True, True, round_normalized=True), (*mx.mxfp8_quantize(y, True), y)
+        )
+
+
+def test_round_normalized_is_one_rounding_before_the_weight_multiply():
+    """`round_normalized`: y = (n.to(dtype) * w).to(dtype); the default rounds once, after the multiply."""
+    x, w = special_rows(16, 256)[8:], torch.randn(256).to(torch.bfloat16)
+    s = x.float()
+    n = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_bitwise(mx.rms_norm(x, w, 1e-6, True), n.to(torch.bfloat16) * w)
+    assert_bitwise(mx.rms_norm(x, w, 1e-6), (n * w.float()).to(torch.bfloat16))
+    assert not torch.equal(mx.rms_norm(x, w, 1e-6, True), mx.rms_norm(x, w, 1e-6))
+
+
+def test_zero_offset_keeps_the_sign_of_negative_zero_weights():
+    """An offset of 0 is no add at all: `-0.0 + 0.0` would make a -0 weight +0 and flip y's zero signs."""
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.full((64,), -0.0, dtype=torch.bfloat16)
+    for y in (mx.rms_norm(x, w, 1e-6), mx.gemma_rmsnorm_mxfp8(x, w, 1e-6, False, True, 0.0)[2]):
+        assert torch.equal(torch.signbit(y), ~torch.signbit(x))
+
+
+@pytest.mark.parametrize("round_normalized", [False, True])
+def test_packed_standard_form_equals_unpacked(round_normalized):
+    x, r = special_rows(9, 128), special_rows(9, 128, seed=7)
+    w = torch.randn(128).to(torch.bfloat16)
+    kw = {"weight_offset": 0.0, "round_normalized": round_normalized}
+    packed, y = mx.gemma_rmsnorm_mxfp8_packed(x, w, 1e-6, True, **kw)
+    codes, scales, y_ref = standard_unfused(x, None, w, 1e-6, False, round_normalized)
+    assert_bitwise((packed[:, :128].view(torch.float8_e4m3fn), packed[:, 128:], y), (codes, scales, y_ref))
+    packed, res, y = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6, True, **kw)
+    codes, scales, res_ref, y_ref = standard_unfused(x, r, w, 1e-6, False, round_normalized)
+    assert_bitwise(
+        (packed[:, :128].view(torch.float8_e4m3fn), packed[:, 128:], res, y), (codes, scales, res_ref, y_ref)
+    )
+
+
 # --------------------------------------------------------------- quantization
 
 
@@ -202,16 +284,19 @@ def opcheck_cases():
     codes, scales = mx.mxfp8_quantize(x)
     return [
         (mx.gemma_rmsnorm, (x, w, 1e-6)),
-        (mx.gemma_fused_add_rmsnorm, (x, r, w, 1e-6)),
+        (mx.gemma_fused_add_rmsnorm, (x, r, w, 1e-6, True)),
+        (mx.rms_norm, (x, w, 1e-6, True)),
+        (mx.fused_add_rms_norm, (x, r, w, 1e-6)),
         (mx.mxfp8_quantize, (x, True)),
         (mx.gemma_rmsnorm_mxfp8, (x, w, 1e-6, True, True)),
         (mx.gemma_fused_add_rmsnorm_mxfp8, (x, r, w, 1e-6, False, True, True)),
+        (mx.gemma_rmsnorm_mxfp8, (x, w, 1e-6, False, True, 0.0, 0, None, True)),
         (mx.mxfp8_swizzle_scales, (scales,)),
         (mx.mxfp8_linear, (codes, scales, codes, scales, torch.bfloat16)),
     ]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(10))
 def test_opcheck_schema_fake_and_functional(case):
     op, args = opcheck_cases()[case]
     utils = ("test_schema", "test_faketensor", "test_aot_dispatch_static")
@@ -249,6 +334,26 @@ def test_fake_impls_trace_symbolic_rows():
             ),
             r"residual \(3, 64\)",
         ),
+        (
+            lambda: mx.rms_norm(torch.randn(4, 48, dtype=torch.float16), torch.zeros(48), 1e-6),
+            r"K=48 of x \(4, 48\) float16",
+        ),
+        (lambda: mx.rms_norm(torch.randn(4, 64), torch.zeros(64), 1e-6, True), r"x \(4, 64\) float32"),
+        (
+            lambda: mx.fused_add_rms_norm(
+                torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.float16), torch.zeros(64), 1e-6
+            ),
+            r"residual \(4, 64\) float16",
+        ),
+        (
+            lambda: mx.fused_add_rms_norm(
+                torch.randn(4, 64, dtype=torch.bfloat16),
+                torch.randn(4, 64, dtype=torch.bfloat16),
+                torch.zeros(64, dtype=torch.int32),
+                1e-6,
+            ),
+            r"weight \(64,\) int32 on cpu must be floating point",
+        ),
         (lambda: mx.mxfp8_quantize(torch.randn(4, 40)), r"K=40"),
         (lambda: mx.mxfp8_quantize(torch.randint(0, 3, (4, 64))), r"int64"),
         (
@@ -281,6 +386,8 @@ def _norm_calls(eps: float):
     return {
         "gemma_rmsnorm": lambda: mx.gemma_rmsnorm(x, w, eps),
         "gemma_fused_add_rmsnorm": lambda: mx.gemma_fused_add_rmsnorm(x, r, w, eps),
+        "rms_norm": lambda: mx.rms_norm(x, w, eps),
+        "fused_add_rms_norm": lambda: mx.fused_add_rms_norm(x, r, w, eps, True),
         "gemma_rmsnorm_mxfp8": lambda: mx.gemma_rmsnorm_mxfp8(x, w, eps),
         "gemma_fused_add_rmsnorm_mxfp8": lambda: mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, eps),
         "gemma_rmsnorm_mxfp8_packed": lambda: mx.gemma_rmsnorm_mxfp8_packed(x, w, eps),
@@ -305,6 +412,7 @@ def test_negative_or_nan_eps_is_rejected_by_every_norm_op(op, eps):
         ("mxfp8_quantize", lambda: mx.mxfp8_quantize(torch.empty(0, 0), True)),
         ("mxfp8_quantize_packed", lambda: mx.mxfp8_quantize_packed(torch.empty(4, 0))),
         ("gemma_rmsnorm", lambda: mx.gemma_rmsnorm(torch.empty(4, 0, dtype=torch.bfloat16), torch.empty(0), 1e-6)),
+        ("rms_norm", lambda: mx.rms_norm(torch.empty(4, 0, dtype=torch.bfloat16), torch.empty(0), 1e-6)),
         (
             "mxfp8_linear",
             lambda: mx.mxfp8_linear(
@@ -356,7 +464,12 @@ def test_property_fused_equals_unfused(m, blocks, scale, residual, swizzled, dty
 
 @pytest.mark.parametrize("fused_add", [False, True])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
-def test_norm_backward_matches_autograd_of_the_reference(fused_add, weight_dtype):
+@pytest.mark.parametrize(
+    "offset,round_normalized",
+    [(1.0, False), (1.0, True), (0.0, False), (0.0, True)],
+    ids=["gemma", "gemma_rn", "std", "std_rn"],
+)
+def test_norm_backward_matches_autograd_of_the_reference(fused_add, weight_dtype, offset, round_normalized):
     """The norms' registered backward == PyTorch autograd through the plain reference (fp32 math;
     the order of the fp32 reductions differs, so bf16-rounded gradients may differ in the last bit)."""
     g = torch.Generator().manual_seed(2)
@@ -373,11 +486,17 @@ def test_norm_backward_matches_autograd_of_the_reference(fused_add, weight_dtype
 
     def ref(*args):
         if fused_add:
-            return reference.gemma_fused_add_rmsnorm(args[0], args[1], args[2], 1e-6)
-        return reference.gemma_rmsnorm(args[0], args[1], 1e-6)
+            return reference.gemma_fused_add_rmsnorm(*args, 1e-6, False, offset, round_normalized)
+        return reference.gemma_rmsnorm(*args, 1e-6, offset, round_normalized)
 
-    op = mx.gemma_fused_add_rmsnorm if fused_add else mx.gemma_rmsnorm
-    (outs, got), (ref_outs, expected) = grads(lambda *a: op(*a, 1e-6)), grads(ref)
+    ops = {
+        (False, 1.0): mx.gemma_rmsnorm,
+        (True, 1.0): mx.gemma_fused_add_rmsnorm,
+        (False, 0.0): mx.rms_norm,
+        (True, 0.0): mx.fused_add_rms_norm,
+    }
+    op = ops[fused_add, offset]
+    (outs, got), (ref_outs, expected) = grads(lambda *a: op(*a, 1e-6, round_normalized)), grads(ref)
     for a, b in zip(outs, ref_outs, strict=True):
         assert_bitwise(a.reshape(-1, 96), b.reshape(-1, 96))  # the forward is the contract: bitwise
     for a, b in zip(got, expected, strict=True):

@@ -1,4 +1,4 @@
-"""MXFP8 and Gemma-norm operators (`torch.ops.mxfuse.*`), their references and kernels.
+"""MXFP8 and RMSNorm (Gemma and standard) operators (`torch.ops.mxfuse.*`), their references and kernels.
 
 Importing this package registers the ops with torch.library (the only global state
 mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
@@ -7,6 +7,7 @@ mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
 from mxfuse.ops import autograd, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_local_rows, for cached graphs)
 from mxfuse.ops.library import (
     MxfuseInputError,
+    fused_add_rms_norm,
     gemma_fused_add_rmsnorm,
     gemma_fused_add_rmsnorm_mxfp8,
     gemma_rmsnorm,
@@ -14,6 +15,7 @@ from mxfuse.ops.library import (
     mxfp8_linear,
     mxfp8_quantize,
     mxfp8_swizzle_scales,
+    rms_norm,
 )
 from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.ops.packed import (
@@ -29,6 +31,7 @@ __all__ = [
     "BLOCK",
     "MxfuseInputError",
     "dequantize",
+    "fused_add_rms_norm",
     "gemma_fused_add_rmsnorm",
     "gemma_fused_add_rmsnorm_mxfp8",
     "gemma_fused_add_rmsnorm_mxfp8_packed",
@@ -39,4 +42,5 @@ __all__ = [
     "mxfp8_quantize",
     "mxfp8_quantize_packed",
     "mxfp8_swizzle_scales",
+    "rms_norm",
 ]

@@ -4,8 +4,9 @@ The passes and kernels are for inference. Without a registered formula, a model
 compiled with gradients enabled fails deep inside AOTAutograd ("no autograd formula
 was registered"); here every op gets one:
 
-- the two Gemma norms have their real backward (plain fp32 PyTorch, traceable), so a
-  norm can be trained or fine-tuned through the unfused op;
+- the unfused norms (Gemma and standard, with or without the residual add) have their
+  real backward (plain fp32 PyTorch, traceable), so a norm can be trained or fine-tuned
+  through the unfused op;
 - every op with an MXFP8 output (quantization, the fused norm+quant ops, the packed
   ops, the GEMM) raises :class:`MxfuseInputError` naming the op and the fix
   (`torch.no_grad()` / `torch.inference_mode()`): rounding to e4m3 has no useful
@@ -35,60 +36,81 @@ def _no_backward(op: str):
     return backward
 
 
-def _norm_grads(s: Tensor, weight: Tensor, eps: float, grad_y: Tensor | None) -> tuple[Tensor, Tensor]:
-    """fp32 `(d s, d weight)` of `y = s * rsqrt(mean(s*s) + eps) * (1 + w)` for fp32 rows `s` `[M, K]`.
+def _norm_grads(
+    s: Tensor, weight: Tensor, eps: float, grad_y: Tensor | None, offset: float, rounded: torch.dtype | None
+) -> tuple[Tensor, Tensor]:
+    """fp32 `(d s, d weight)` of `y = n * (w + offset)`, `n = s * rsqrt(mean(s*s) + eps)`, fp32 rows `s` `[M, K]`.
 
-    With `n = s * r`, `r = rsqrt(mean(s*s) + eps)` and `g = dy * (1 + w)`:
-    `ds = r * (g - n * mean(g * n))`, `dw = sum over rows of dy * n`.
+    With `r = rsqrt(mean(s*s) + eps)` and `g = dy * (w + offset)`:
+    `ds = r * (g - n * mean(g * n))`, `dw = sum over rows of dy * n`. `rounded` (the dtype
+    of `round_normalized`): `dw` reads the rounded `n` the forward multiplied by, and `g`
+    crosses that rounding as autograd takes a gradient through a dtype cast: rounded to it.
     """
     r = torch.rsqrt((s * s).mean(dim=-1, keepdim=True) + eps)
     n = s * r
     if grad_y is None:
         return torch.zeros_like(s), torch.zeros(weight.shape, dtype=torch.float32, device=s.device)
     dy = grad_y.float()
-    g = dy * (weight.float() + 1.0)
+    g = dy * (weight.float() + offset)
+    if rounded is not None:
+        g = g.to(rounded).float()
     ds = r * (g - n * (g * n).mean(dim=-1, keepdim=True))
-    return ds, (dy * n).sum(dim=0)
+    multiplied = n if rounded is None else n.to(rounded).float()
+    return ds, (dy * multiplied).sum(dim=0)
 
 
 def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _rounded(x: Tensor, round_normalized: bool) -> torch.dtype | None:
+    return x.dtype if round_normalized else None
+
+
 def _setup_norm(ctx, inputs, output):
-    x, weight, eps = inputs
+    x, weight, eps, round_normalized = inputs
     ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+    ctx.eps, ctx.round_normalized = eps, round_normalized
 
 
-def _norm_backward(ctx, grad_y):
-    x, weight = ctx.saved_tensors
-    ds, dw = _norm_grads(_rows(x).float(), weight, ctx.eps, None if grad_y is None else _rows(grad_y))
-    return ds.to(x.dtype).reshape(x.shape), dw.to(weight.dtype), None
+def _norm_backward(offset: float):
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        grad = None if grad_y is None else _rows(grad_y)
+        ds, dw = _norm_grads(_rows(x).float(), weight, ctx.eps, grad, offset, _rounded(x, ctx.round_normalized))
+        return ds.to(x.dtype).reshape(x.shape), dw.to(weight.dtype), None, None
+
+    return backward
 
 
 def _setup_fused_add_norm(ctx, inputs, output):
-    x, residual, weight, eps = inputs
+    x, residual, weight, eps, round_normalized = inputs
     ctx.save_for_backward(x, residual, weight)
-    ctx.eps = eps
+    ctx.eps, ctx.round_normalized = eps, round_normalized
 
 
-def _fused_add_norm_backward(ctx, grad_y, grad_residual_out):
-    x, residual, weight = ctx.saved_tensors
-    s = _rows(x).float() + _rows(residual).float()
-    ds, dw = _norm_grads(s, weight, ctx.eps, None if grad_y is None else _rows(grad_y))
-    if grad_residual_out is not None:
-        ds = ds + _rows(grad_residual_out).float()  # residual_out = s.to(dtype)
-    d_sum = ds.to(x.dtype).reshape(x.shape)
-    return d_sum, d_sum.to(residual.dtype), dw.to(weight.dtype), None
+def _fused_add_norm_backward(offset: float):
+    def backward(ctx, grad_y, grad_residual_out):
+        x, residual, weight = ctx.saved_tensors
+        s = _rows(x).float() + _rows(residual).float()
+        grad = None if grad_y is None else _rows(grad_y)
+        ds, dw = _norm_grads(s, weight, ctx.eps, grad, offset, _rounded(x, ctx.round_normalized))
+        if grad_residual_out is not None:
+            ds = ds + _rows(grad_residual_out).float()  # residual_out = s.to(dtype)
+        d_sum = ds.to(x.dtype).reshape(x.shape)
+        return d_sum, d_sum.to(residual.dtype), dw.to(weight.dtype), None, None
+
+    return backward
 
 
 def register():
     """Register every op's formula; called once, by `import mxfuse.ops` (torch.library keeps them)."""
-    torch.library.register_autograd("mxfuse::gemma_rmsnorm", _norm_backward, setup_context=_setup_norm)
-    torch.library.register_autograd(
-        "mxfuse::gemma_fused_add_rmsnorm", _fused_add_norm_backward, setup_context=_setup_fused_add_norm
-    )
+    for name, offset in (("gemma_rmsnorm", 1.0), ("rms_norm", 0.0)):
+        torch.library.register_autograd(f"mxfuse::{name}", _norm_backward(offset), setup_context=_setup_norm)
+    for name, offset in (("gemma_fused_add_rmsnorm", 1.0), ("fused_add_rms_norm", 0.0)):
+        torch.library.register_autograd(
+            f"mxfuse::{name}", _fused_add_norm_backward(offset), setup_context=_setup_fused_add_norm
+        )
     for op in (
         "mxfp8_quantize",
         "gemma_rmsnorm_mxfp8",

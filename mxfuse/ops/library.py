@@ -102,57 +102,132 @@ def _host_eps(eps: float | Tensor) -> float:
     return float(eps)
 
 
-# ---------------------------------------------------------------- gemma_rmsnorm
+# ------------------------------------------------------ the unfused norms
+#
+# Two forms of one arithmetic (reference.gemma_norm_rows): the Gemma norm multiplies by
+# `1 + w` (`weight_offset` 1.0), the standard RMSNorm by `w` (offset 0.0). Both take
+# `round_normalized`: round `normalize(x)` to x's dtype before the weight multiply.
 
 
-@torch.library.custom_op("mxfuse::gemma_rmsnorm", mutates_args=())
-def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Gemma RMSNorm: `normalize(x) * (1 + weight)` in fp32, rounded to x's dtype."""
-    k = _check_norm("gemma_rmsnorm", x, weight, eps=eps)
-    return reference.gemma_rmsnorm(_rows(x, k), weight, eps).reshape(x.shape)
+def _norm(op: str, x: Tensor, weight: Tensor, eps: float, weight_offset: float, round_normalized: bool) -> Tensor:
+    k = _check_norm(op, x, weight, eps=eps)
+    return reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized).reshape(x.shape)
 
 
-@gemma_rmsnorm.register_fake
-def _(x, weight, eps):
-    _check_norm("gemma_rmsnorm", x, weight, eps=eps)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@gemma_rmsnorm.register_kernel("cuda")
-def _(x, weight, eps):
+def _norm_cuda(op: str, x: Tensor, weight: Tensor, eps: float, weight_offset: float, round_normalized: bool) -> Tensor:
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_rmsnorm", x, weight, eps=eps)
-    y, _ = triton_norm_quant.gemma_norm(_rows(x, k), None, weight, eps)
+    k = _check_norm(op, x, weight, eps=eps)
+    y, _ = triton_norm_quant.gemma_norm(
+        _rows(x, k), None, weight, eps, weight_offset=_kernel_offset(weight_offset), round_normalized=round_normalized
+    )
     return y.reshape(x.shape)
 
 
-# ------------------------------------------------------ gemma_fused_add_rmsnorm
+def _add_norm(op: str, x, residual, weight, eps, weight_offset: float, round_normalized: bool) -> tuple[Tensor, Tensor]:
+    k = _check_norm(op, x, weight, residual, eps=eps)
+    y, res = reference.gemma_fused_add_rmsnorm(
+        _rows(x, k), _rows(residual, k), weight, eps, weight_offset=weight_offset, round_normalized=round_normalized
+    )
+    return y.reshape(x.shape), res.reshape(x.shape)
+
+
+def _add_norm_cuda(op: str, x, residual, weight, eps, weight_offset: float, round_normalized: bool):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm(op, x, weight, residual, eps=eps)
+    y, res = triton_norm_quant.gemma_norm(
+        _rows(x, k),
+        _rows(residual, k),
+        weight,
+        eps,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
+    )
+    return y.reshape(x.shape), res.reshape(x.shape)
+
+
+def _kernel_offset(weight_offset: float) -> float:
+    """The offset as the kernels add it: 0 as -0.0, the identity (as in the reference)."""
+    return weight_offset or -0.0
+
+
+def _fake_norm(op: str, x, weight, eps, residual=None):
+    _check_norm(op, x, weight, residual, eps=eps)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y if residual is None else (y, torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+@torch.library.custom_op("mxfuse::gemma_rmsnorm", mutates_args=())
+def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float, round_normalized: bool = False) -> Tensor:
+    """Gemma RMSNorm: `normalize(x) * (1 + weight)` in fp32, rounded to x's dtype."""
+    return _norm("gemma_rmsnorm", x, weight, eps, 1.0, round_normalized)
+
+
+@gemma_rmsnorm.register_fake
+def _(x, weight, eps, round_normalized=False):
+    return _fake_norm("gemma_rmsnorm", x, weight, eps)
+
+
+@gemma_rmsnorm.register_kernel("cuda")
+def _(x, weight, eps, round_normalized=False):
+    return _norm_cuda("gemma_rmsnorm", x, weight, eps, 1.0, round_normalized)
 
 
 @torch.library.custom_op("mxfuse::gemma_fused_add_rmsnorm", mutates_args=())
-def gemma_fused_add_rmsnorm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def gemma_fused_add_rmsnorm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, round_normalized: bool = False
+) -> tuple[Tensor, Tensor]:
     """`s = x + residual` in fp32; returns `(gemma_norm(s), s.to(dtype))`. Functional."""
-    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
-    y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps)
-    return y.reshape(x.shape), res.reshape(x.shape)
+    return _add_norm("gemma_fused_add_rmsnorm", x, residual, weight, eps, 1.0, round_normalized)
 
 
 @gemma_fused_add_rmsnorm.register_fake
-def _(x, residual, weight, eps):
-    _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
-        x, memory_format=torch.contiguous_format
-    )
+def _(x, residual, weight, eps, round_normalized=False):
+    return _fake_norm("gemma_fused_add_rmsnorm", x, weight, eps, residual)
 
 
 @gemma_fused_add_rmsnorm.register_kernel("cuda")
-def _(x, residual, weight, eps):
-    from mxfuse.ops import triton_norm_quant
+def _(x, residual, weight, eps, round_normalized=False):
+    return _add_norm_cuda("gemma_fused_add_rmsnorm", x, residual, weight, eps, 1.0, round_normalized)
 
-    k = _check_norm("gemma_fused_add_rmsnorm", x, weight, residual, eps=eps)
-    y, res = triton_norm_quant.gemma_norm(_rows(x, k), _rows(residual, k), weight, eps)
-    return y.reshape(x.shape), res.reshape(x.shape)
+
+@torch.library.custom_op("mxfuse::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float, round_normalized: bool = False) -> Tensor:
+    """Standard RMSNorm: `normalize(x) * weight` in fp32, rounded to x's dtype.
+
+    `round_normalized=True`: Hugging Face's `weight * normalize(x).to(dtype)` (and vLLM
+    IR's reference with a weight of x's dtype).
+    """
+    return _norm("rms_norm", x, weight, eps, 0.0, round_normalized)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, round_normalized=False):
+    return _fake_norm("rms_norm", x, weight, eps)
+
+
+@rms_norm.register_kernel("cuda")
+def _(x, weight, eps, round_normalized=False):
+    return _norm_cuda("rms_norm", x, weight, eps, 0.0, round_normalized)
+
+
+@torch.library.custom_op("mxfuse::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, round_normalized: bool = False
+) -> tuple[Tensor, Tensor]:
+    """`s = x + residual` in fp32; returns `(rms_norm(s), s.to(dtype))`. Functional."""
+    return _add_norm("fused_add_rms_norm", x, residual, weight, eps, 0.0, round_normalized)
+
+
+@fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps, round_normalized=False):
+    return _fake_norm("fused_add_rms_norm", x, weight, eps, residual)
+
+
+@fused_add_rms_norm.register_kernel("cuda")
+def _(x, residual, weight, eps, round_normalized=False):
+    return _add_norm_cuda("fused_add_rms_norm", x, residual, weight, eps, 0.0, round_normalized)
 
 
 # -------------------------------------------------------------- mxfp8_quantize
@@ -203,6 +278,7 @@ def gemma_rmsnorm_mxfp8(
     weight_offset: float = 1.0,
     rule: int = 0,
     eps_tensor: Tensor | None = None,
+    round_normalized: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gemma norm and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
 
@@ -210,11 +286,13 @@ def gemma_rmsnorm_mxfp8(
     `weight_offset` is the constant added to the weight (1.0 for Gemma weights, 0.0
     when the graph already holds `1 + w`). `eps_tensor` (0-d, on the host) replaces `eps`
     when given: an eps only known at run time. `rule`: as in `mxfp8_quantize`.
+    `round_normalized`: as in `rms_norm` (round `normalize(x)` to x's dtype before the weight
+    multiply); `weight_offset=0.0, round_normalized=True` is Hugging Face's `LlamaRMSNorm`.
     """
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
     eps = _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
-    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
+    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized)
     codes, scales = reference.quantize_rows(y, rule)
     return (
         codes.reshape(x.shape),
@@ -224,7 +302,7 @@ def gemma_rmsnorm_mxfp8(
 
 
 @gemma_rmsnorm_mxfp8.register_fake
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None, round_normalized=False):
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     _check_rule("gemma_rmsnorm_mxfp8", rule)
     _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
@@ -236,14 +314,22 @@ def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, e
 
 
 @gemma_rmsnorm_mxfp8.register_kernel("cuda")
-def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None):
+def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None, round_normalized=False):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
     rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
     eps = _host_eps(_runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor))
     codes, scales, _, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k), None, weight, eps, swizzled=swizzled, emit_y=emit_y, weight_offset=weight_offset, rule=rule
+        _rows(x, k),
+        None,
+        weight,
+        eps,
+        swizzled=swizzled,
+        emit_y=emit_y,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
+        rule=rule,
     )
     return (
         codes.reshape(x.shape),
@@ -267,20 +353,23 @@ def gemma_fused_add_rmsnorm_mxfp8(
     weight_offset: float = 1.0,
     rule: int = 0,
     eps_tensor: Tensor | None = None,
+    round_normalized: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residual add, Gemma norm and MXFP8 quant in one pass: `(codes, scales, residual_out, y)`.
 
     Bitwise equal to quantizing `gemma_fused_add_rmsnorm`'s y. `round_sum=True`
     normalizes the dtype-rounded sum instead of the fp32 sum: the order of a
-    Hugging Face layer (`residual + hidden` in bf16, then the norm). `eps_tensor` as in
-    `gemma_rmsnorm_mxfp8`. `rule`: as in
+    Hugging Face layer (`residual + hidden` in bf16, then the norm). `eps_tensor`,
+    `weight_offset` and `round_normalized` as in `gemma_rmsnorm_mxfp8`. `rule`: as in
     `mxfp8_quantize`.
     """
     op = "gemma_fused_add_rmsnorm_mxfp8"
     k = _check_norm(op, x, weight, residual, eps=eps)
     rule = _check_rule(op, rule)
     eps = _runtime_eps(op, eps, eps_tensor)
-    y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
+    y, res = reference.gemma_fused_add_rmsnorm(
+        _rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset, round_normalized
+    )
     codes, scales = reference.quantize_rows(y, rule)
     return (
         codes.reshape(x.shape),
@@ -292,7 +381,17 @@ def gemma_fused_add_rmsnorm_mxfp8(
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
 def _(
-    x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None
+    x,
+    residual,
+    weight,
+    eps,
+    swizzled=False,
+    emit_y=False,
+    round_sum=False,
+    weight_offset=1.0,
+    rule=0,
+    eps_tensor=None,
+    round_normalized=False,
 ):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
     _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
@@ -307,7 +406,17 @@ def _(
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
 def _(
-    x, residual, weight, eps, swizzled=False, emit_y=False, round_sum=False, weight_offset=1.0, rule=0, eps_tensor=None
+    x,
+    residual,
+    weight,
+    eps,
+    swizzled=False,
+    emit_y=False,
+    round_sum=False,
+    weight_offset=1.0,
+    rule=0,
+    eps_tensor=None,
+    round_normalized=False,
 ):
     from mxfuse.ops import triton_norm_quant
 
@@ -322,7 +431,8 @@ def _(
         swizzled=swizzled,
         emit_y=emit_y,
         round_sum=round_sum,
-        weight_offset=weight_offset,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
         rule=rule,
     )
     return (

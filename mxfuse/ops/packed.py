@@ -11,9 +11,9 @@ takes zero-copy views (`aten.slice.Tensor` + `aten.view.dtype`)::
 
 Ops (all functional; the optional `y` is empty unless `emit_y`, as in library.py):
 
-- `gemma_rmsnorm_mxfp8_packed(x, weight, eps, emit_y, weight_offset) -> (packed, y)`
+- `gemma_rmsnorm_mxfp8_packed(x, weight, eps, emit_y, weight_offset, round_normalized) -> (packed, y)`
 - `gemma_fused_add_rmsnorm_mxfp8_packed(x, residual, weight, eps, emit_y, round_sum,
-  weight_offset) -> (packed, residual_out, y)`
+  weight_offset, round_normalized) -> (packed, residual_out, y)`
 - `mxfp8_quantize_packed(x) -> packed` (the quant alone, for a quant whose input is no norm)
 
 Bitwise: `packed[:, :K].view(e4m3)` and `packed[:, K:]` equal the codes and row-major
@@ -37,6 +37,7 @@ from mxfuse.ops.library import (
     _check_norm,
     _check_rows,
     _empty_y,
+    _kernel_offset,
     _rows,
 )
 from mxfuse.ops.mx_layout import FP8_DTYPE, SCALE_DTYPE, packed_width
@@ -75,31 +76,36 @@ def _fake_packed(x: Tensor, k: int) -> Tensor:
 
 @torch.library.custom_op("mxfuse::gemma_rmsnorm_mxfp8_packed", mutates_args=())
 def gemma_rmsnorm_mxfp8_packed(
-    x: Tensor, weight: Tensor, eps: float, emit_y: bool = False, weight_offset: float = 1.0
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    emit_y: bool = False,
+    weight_offset: float = 1.0,
+    round_normalized: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Gemma norm + MXFP8 quant of the rows of x into one packed buffer: `(packed, y)`."""
     k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
-    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset)
+    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized)
     packed = pack(*reference.quantize_rows(y))
     return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
 
 
 @gemma_rmsnorm_mxfp8_packed.register_fake
-def _(x, weight, eps, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, emit_y=False, weight_offset=1.0, round_normalized=False):
     k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
     return _fake_packed(x, k), x.new_empty(x.shape) if emit_y else _empty_y(x)
 
 
 @gemma_rmsnorm_mxfp8_packed.register_kernel("cuda")
-def _(x, weight, eps, emit_y=False, weight_offset=1.0):
+def _(x, weight, eps, emit_y=False, weight_offset=1.0, round_normalized=False):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
     rows = _rows(x, k)
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     _, _, _, y = triton_norm_quant.fused_norm_quant(
-        rows, None, weight, eps, swizzled=False, emit_y=emit_y, weight_offset=weight_offset,
-        out_codes=codes, out_scales=scales,
+        rows, None, weight, eps, swizzled=False, emit_y=emit_y, weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized, out_codes=codes, out_scales=scales,
     )  # fmt: skip
     return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
 
@@ -116,23 +122,26 @@ def gemma_fused_add_rmsnorm_mxfp8_packed(
     emit_y: bool = False,
     round_sum: bool = False,
     weight_offset: float = 1.0,
+    round_normalized: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Residual add + Gemma norm + MXFP8 quant into one packed buffer: `(packed, residual_out, y)`."""
     op = "gemma_fused_add_rmsnorm_mxfp8_packed"
     k = _check_norm(op, x, weight, residual, eps=eps)
-    y, res = reference.gemma_fused_add_rmsnorm(_rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset)
+    y, res = reference.gemma_fused_add_rmsnorm(
+        _rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset, round_normalized
+    )
     packed = pack(*reference.quantize_rows(y))
     return packed, res.reshape(x.shape), y.reshape(x.shape) if emit_y else _empty_y(x)
 
 
 @gemma_fused_add_rmsnorm_mxfp8_packed.register_fake
-def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0, round_normalized=False):
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
     return _fake_packed(x, k), x.new_empty(x.shape), x.new_empty(x.shape) if emit_y else _empty_y(x)
 
 
 @gemma_fused_add_rmsnorm_mxfp8_packed.register_kernel("cuda")
-def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0):
+def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0, round_normalized=False):
     from mxfuse.ops import triton_norm_quant
 
     k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
@@ -146,7 +155,8 @@ def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0
         swizzled=False,
         emit_y=emit_y,
         round_sum=round_sum,
-        weight_offset=weight_offset,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
         out_codes=codes,
         out_scales=scales,
     )

@@ -137,17 +137,32 @@ def unswizzle_scales(swizzled: Tensor, m: int, s: int) -> Tensor:
 
 
 def gemma_norm_rows(
-    s: Tensor, weight: Tensor, eps: float | Tensor, dtype: torch.dtype, weight_offset: float = 1.0
+    s: Tensor,
+    weight: Tensor,
+    eps: float | Tensor,
+    dtype: torch.dtype,
+    weight_offset: float = 1.0,
+    round_normalized: bool = False,
 ) -> Tensor:
-    """`(s * rsqrt(mean(s*s) + eps) * (weight.f32 + offset)).to(dtype)` for fp32 rows `s`.
+    """`(n * (weight.f32 + offset)).to(dtype)` with `n = s * rsqrt(mean(s*s) + eps)`, for fp32 rows `s`.
 
-    eps may be a 0-d fp32 tensor (a runtime eps): the same fp32 add as a Python float."""
+    `round_normalized` rounds `n` to `dtype` before the weight multiply (Hugging Face's
+    `w * n.to(dtype)`, vLLM IR's `n.to(w.dtype) * w`); the product of two bf16 (or fp16)
+    values is exact in fp32, so the one rounding after it equals torch's bf16 multiply.
+    An offset of 0 is added as -0.0, the identity (`-0.0 + 0.0` would turn a -0 weight
+    into +0). eps may be a 0-d fp32 tensor (a runtime eps): the same fp32 add as a Python float.
+    """
     variance = (s * s).mean(dim=-1, keepdim=True)
-    return (s * torch.rsqrt(variance + eps) * (weight.float() + weight_offset)).to(dtype)
+    n = s * torch.rsqrt(variance + eps)
+    if round_normalized:
+        n = n.to(dtype).float()
+    return (n * (weight.float() + (weight_offset or -0.0))).to(dtype)
 
 
-def gemma_rmsnorm(x: Tensor, weight: Tensor, eps: float | Tensor, weight_offset: float = 1.0) -> Tensor:
-    return gemma_norm_rows(x.float(), weight, eps, x.dtype, weight_offset)
+def gemma_rmsnorm(
+    x: Tensor, weight: Tensor, eps: float | Tensor, weight_offset: float = 1.0, round_normalized: bool = False
+) -> Tensor:
+    return gemma_norm_rows(x.float(), weight, eps, x.dtype, weight_offset, round_normalized)
 
 
 def gemma_fused_add_rmsnorm(
@@ -157,13 +172,14 @@ def gemma_fused_add_rmsnorm(
     eps: float | Tensor,
     round_sum: bool = False,
     weight_offset: float = 1.0,
+    round_normalized: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Residual add then norm. `round_sum` normalizes the dtype-rounded sum (Hugging Face order)."""
     s = x.float() + residual.float()
     residual_out = s.to(x.dtype)
     if round_sum:
         s = residual_out.float()
-    return gemma_norm_rows(s, weight, eps, x.dtype, weight_offset), residual_out
+    return gemma_norm_rows(s, weight, eps, x.dtype, weight_offset, round_normalized), residual_out
 
 
 def mxfp8_quantize(x: Tensor, swizzled: bool = False, rule: int = QuantRule.DEFAULT) -> tuple[Tensor, Tensor]:
