@@ -221,6 +221,8 @@ class Record:
     matched: Counter = field(default_factory=Counter)
     skipped: list = field(default_factory=list)  # mxfuse's skip records, as the report gives them
     before: list[fx.Graph] = field(default_factory=list)  # a copy of each graph as mxfuse received it
+    schemes: Counter = field(default_factory=Counter)  # the linear layers' quantization schemes, by class name
+    weight_dtypes: dict = field(default_factory=dict)  # linear weight name -> dtype after vLLM's weight prep
 
 
 def _recorder(inner, record: Record):
@@ -472,6 +474,8 @@ def compile_model(root, case: Case, *, quantization_config=modelopt_mxfp8, patch
             stack.enter_context(patch)
         stack.enter_context(set_current_vllm_config(config))
         model = get_model_loader(config.load_config).load_model(config, model_config)
+        record.schemes.update(type(m.scheme).__name__ for m in model.modules() if hasattr(m, "scheme"))
+        record.weight_dtypes = {n: p.dtype for n, p in model.named_parameters() if n.endswith("proj.weight")}
         input_ids = torch.randint(0, case.hf_config["vocab_size"], (TOKENS,))
         positions = torch.arange(TOKENS)
         if model_config.uses_mrope:
