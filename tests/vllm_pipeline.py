@@ -223,6 +223,7 @@ class Record:
     before: list[fx.Graph] = field(default_factory=list)  # a copy of each graph as mxfuse received it
     schemes: Counter = field(default_factory=Counter)  # the linear layers' quantization schemes, by class name
     weight_dtypes: dict = field(default_factory=dict)  # linear weight name -> dtype after vLLM's weight prep
+    model_class: str = ""  # the vLLM class the loader built
 
 
 def _recorder(inner, record: Record):
@@ -474,6 +475,7 @@ def compile_model(root, case: Case, *, quantization_config=modelopt_mxfp8, patch
             stack.enter_context(patch)
         stack.enter_context(set_current_vllm_config(config))
         model = get_model_loader(config.load_config).load_model(config, model_config)
+        record.model_class = type(model).__name__
         record.schemes.update(type(m.scheme).__name__ for m in model.modules() if hasattr(m, "scheme"))
         record.weight_dtypes = {n: p.dtype for n, p in model.named_parameters() if n.endswith("proj.weight")}
         input_ids = torch.randint(0, case.hf_config["vocab_size"], (TOKENS,))
@@ -483,3 +485,47 @@ def compile_model(root, case: Case, *, quantization_config=modelopt_mxfp8, patch
         with torch.inference_mode(), pytest.raises(PiecesNotRun):
             model(input_ids, positions)
     return record
+
+
+# ---------------------------------------------------------------- vLLM's compile decision, per architecture
+def compile_mode_by_default(architecture: str):
+    """The compilation mode vLLM 0.33 keeps for `architecture` when the user asks for `VLLM_COMPILE`.
+
+    Runs vLLM's own `VllmConfig._maybe_enable_breakable_cudagraph` (called from `__post_init__`,
+    `config/vllm.py:1793`): an architecture on `DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES` turns on
+    `VLLM_USE_BREAKABLE_CUDAGRAPH` (unless the user set it) and the mode becomes `NONE`. Off ROCm, as
+    on this machine and on NVIDIA GPUs."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from vllm.config import CompilationConfig, CompilationMode, VllmConfig
+
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(architectures=[architecture]),
+        compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE),
+    )
+    config._uses_breakable_cudagraph_by_default = lambda: VllmConfig._uses_breakable_cudagraph_by_default(config)
+    environ = {k: v for k, v in os.environ.items() if k != "VLLM_USE_BREAKABLE_CUDAGRAPH"}
+    with mock.patch.dict(os.environ, environ, clear=True):
+        VllmConfig._maybe_enable_breakable_cudagraph(config)
+    return config.compilation_config.mode
+
+
+def has_support_torch_compile(architecture: str) -> bool:
+    """Whether vLLM's class for `architecture` reaches `@support_torch_compile`: its module defines a
+    decorated class (the inner `...Model`), or it is a Transformers-backend class, whose `Base.__init__`
+    decorates the Hugging Face model it wraps (`model_executor/models/transformers/base.py:288`)."""
+    import importlib
+
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+    from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.model_executor.models.transformers.base import Base
+
+    lazy = ModelRegistry.models[architecture]
+    module = importlib.import_module(lazy.module_name)
+    if issubclass(getattr(module, lazy.class_name), Base):
+        return True
+    return any(
+        isinstance(v, type) and issubclass(v, TorchCompileWithNoGuardsWrapper) and v.__module__ == module.__name__
+        for v in vars(module).values()
+    )
