@@ -1,0 +1,82 @@
+"""vLLM 0.33 models with the STANDARD RMSNorm (`normalize(x) * w`) in front of MXFP8 linears.
+
+vLLM's `RMSNorm` layer emits `vllm_ir.rms_norm(x, w, eps)` / `vllm_ir.fused_add_rms_norm(x, res, w,
+eps)` with the parameter itself as the weight, in the model dtype (bf16 here): the detector of
+tests/vllm_pipeline.py classifies such a weight as "model dtype" (Gemma's is `w.float() + 1`).
+Each model is built and compiled through tests/vllm_pipeline.py (its method, its stubs; nothing
+else replaced) with ModelOpt MXFP8 and the CuTe-DSL kernel declared supported, one layer each.
+
+`test_standard_norm_sites_exist` proves the sites reach mxfuse's pass now. The fusion of this form
+lands with a later pattern-level change: `test_every_standard_norm_site_fuses` holds its final
+assertion, strict xfail until then.
+
+Not built here: DeepSeek-V2 (`DeepseekV2ForCausalLM`, MLA's q_a/kv_a norms): its attention is
+`MLAAttention` (`model_executor/layers/mla.py:122`), whose CPU stand-in (the MLA splitting op with
+its shapes) tests/vllm_pipeline.py does not have yet.
+"""
+
+from __future__ import annotations
+
+import pytest
+import vllm_pipeline
+from vllm_pipeline import HIDDEN, Case, compile_model, tiny
+
+pytestmark = pytest.mark.vllm
+vllm_cpu = vllm_pipeline.vllm_cpu  # the module fixture: vLLM stood up on CPU
+
+PER_LAYER = "input_layernorm (rms_norm) -> qkv_proj, post_attention_layernorm (fused_add_rms_norm) -> gate_up_proj"
+CASES = [
+    Case("llama", ("llama",), tiny("LlamaForCausalLM", "llama", num_hidden_layers=1), 2, PER_LAYER),
+    Case("mistral", ("llama",), tiny("MistralForCausalLM", "mistral", num_hidden_layers=1), 2, PER_LAYER),
+    Case("qwen3", ("qwen3",), tiny("Qwen3ForCausalLM", "qwen3", num_hidden_layers=1), 2, PER_LAYER),
+    Case(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        tiny(
+            "Qwen3MoeForCausalLM",
+            "qwen3_moe",
+            num_hidden_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=HIDDEN,
+            decoder_sparse_step=1,
+        ),
+        1,
+        "input_layernorm -> qkv_proj; post_attention_layernorm feeds the router and the MoE op (quant inside it)",
+        unquantized=("*mlp.gate",),  # the router: N = num_experts (< 128 here; bf16 in MXFP8 exports)
+    ),
+    Case(
+        "glm4",
+        ("glm4",),
+        tiny("Glm4ForCausalLM", "glm4", num_hidden_layers=1, partial_rotary_factor=0.5),
+        2,
+        PER_LAYER + " (its post_self_attn_layernorm / post_mlp_layernorm feed residual adds, not quants)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def records(vllm_cpu):
+    """One build per model, shared by the tests below."""
+    return {case.name: compile_model(vllm_cpu, case) for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_standard_norm_sites_exist(records, case):
+    record = records[case.name]
+    described = [s.describe() for s in record.sites]
+    assert record.graphs >= 2, record
+    assert len(record.sites) == case.sites, (case.why_sites, described)
+    assert all(s.weight == "model dtype" for s in record.sites), described
+    assert all(s.quant_args == (True,) for s in record.sites), described  # CuTe-DSL: swizzled scales
+
+
+@pytest.mark.xfail(strict=True, reason="standard RMSNorm form lands with the pattern-level change")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_standard_norm_site_fuses(records, case):
+    record = records[case.name]
+    described = [s.describe() for s in record.sites]
+    assert record.fused == len(record.sites) > 0, (described, record.matched, record.skipped)
+    assert record.left == 0, described
+    assert [a["swizzled"] for a in record.fused_args] == [True] * record.fused
+    assert all(a["weight_offset"] == 0.0 for a in record.fused_args), record.fused_args
