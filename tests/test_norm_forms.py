@@ -20,7 +20,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import mxfuse  # noqa: F401
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.results import SkipCode
+from mxfuse.patterns.norm_quant import NormQuantCode
+from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 K = 64
@@ -217,10 +218,10 @@ def fp32_sum_read_twice(h, w, eps):
 
 
 LOOK_ALIKES = [
-    (llama_fp32, SkipCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
-    (llama_promoted, SkipCode.NORM_ARITHMETIC, "Llama-style"),
-    (two_plus_w, SkipCode.NORM_ARITHMETIC, "`2 + w`"),
-    (fp32_sum_read_twice, SkipCode.NORM_ARITHMETIC, "also read in fp32"),
+    (llama_fp32, SharedCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
+    (llama_promoted, SharedCode.NORM_ARITHMETIC, "Llama-style"),
+    (two_plus_w, SharedCode.NORM_ARITHMETIC, "`2 + w`"),
+    (fp32_sum_read_twice, SharedCode.NORM_ARITHMETIC, "also read in fp32"),
 ]
 
 
@@ -248,7 +249,7 @@ def test_eps_tensor_of_shape_one_is_not_a_scalar():
 
     _, _, report = run_pass(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
     (skip,) = report.skipped
-    assert skip.code is SkipCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
+    assert skip.code is SharedCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
 
 
 def test_quant_through_a_view_that_splits_rows_is_named():
@@ -257,7 +258,7 @@ def test_quant_through_a_view_that_splits_rows_is_named():
 
     _, after, report = run_pass(fn, data(32, K), gemma_weight())
     (skip,) = report.skipped
-    assert skip.code is SkipCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
+    assert skip.code is NormQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
     assert op_counts(after.graph)[FUSED_PLAIN] == 0
 
 

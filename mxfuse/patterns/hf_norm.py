@@ -27,7 +27,7 @@ import torch
 from torch import fx
 
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call
-from mxfuse.patterns.results import Reason, SkipCode
+from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default
@@ -137,7 +137,7 @@ def _norm_input(s32: fx.Node, dtype: torch.dtype, norm_nodes: set) -> dict | Non
         difference = None
         if others or len(rounded) > 1:
             difference = Reason(
-                SkipCode.NORM_ARITHMETIC,
+                SharedCode.NORM_ARITHMETIC,
                 "the fp32 sum `x.float() + residual.float()` is also read in fp32 "
                 f"(by {', '.join(o.name for o in others + rounded[1:])}); the fused op returns it rounded to {dtype}",
             )
@@ -184,7 +184,7 @@ def _model_dtype_multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
     if one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args):
         return m, 0.0, None
     text = f"the weight multiplier is `{m.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
 
 
 def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
@@ -198,18 +198,18 @@ def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
             if offset == 1.0:
                 return inner, 1.0, None
             text = f"the weight multiplier is `{offset:g} + w`, not Gemma's `1 + w`"
-            return inner, offset, Reason(SkipCode.NORM_ARITHMETIC, text)
+            return inner, offset, Reason(SharedCode.NORM_ARITHMETIC, text)
         scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
         if len(scalars) == 1:
             text = (
                 f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
                 "makes a float that is not a literal a graph input); the fused op takes a constant offset"
             )
-            return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+            return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
     if m.op == "get_attr":
         return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
     if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
         return _model_dtype_multiplier(inner)  # `(1 + w).float()`: the cast is exact
     text = f"the weight multiplier is `{inner.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
