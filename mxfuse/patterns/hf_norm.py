@@ -12,6 +12,8 @@ Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
 - `M = w.float() + 1.0` (or `1.0 + w`, `w` bf16/fp16 or an fp32 parameter): weight `w`,
   offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0;
   or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0.
+- `normed` may also be `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
+  of channels, recognized only to be reported (`SharedCode.NORM_GROUPED`).
 
 Every one of these computes what the fused op computes up to the reduction order (the
 foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier
@@ -32,6 +34,7 @@ from mxfuse.patterns.results import Reason, SharedCode
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default
 _MODEL_DTYPES = (torch.bfloat16, torch.float16)
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def match_hf(y: fx.Node, make_match):
@@ -41,14 +44,19 @@ def match_hf(y: fx.Node, make_match):
     product = y.args[0]
     if not _is_f32(product) or not is_call(product, aten.mul.Tensor) or len(product.args) != 2:
         return None
+    grouped = None
     for normed, multiplier in itertools.permutations(product.args):  # noqa: B007 - both used after the loop
         stats = _normalized(normed)
+        if stats is None:
+            stats, grouped = _grouped(normed)
         if stats is not None:
             break
     else:
         return None
     s32, eps = stats
     source = _norm_input(s32, y.args[1], {y, product, normed})
+    if source is not None and grouped is not None:
+        source["difference"] = grouped
     if source is None or fake(multiplier) is None:
         return None
     if _is_f32(multiplier):
@@ -86,6 +94,24 @@ def _normalized(node) -> tuple[fx.Node, float | fx.Node] | None:
         if eps is not None:
             return node.args[0], eps
     return None
+
+
+def _grouped(node) -> tuple[tuple[fx.Node, float | fx.Node] | None, Reason | None]:
+    """`((s32, eps), why)` of `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
+    of the channels (transformers' Qwen4-Exp `hc_norm`), which the fused op (one row) cannot compute."""
+    if not is_call(node, *_VIEWS) or not isinstance(node.args[0], fx.Node):
+        return None, None
+    stats = _normalized(node.args[0])
+    if stats is None or not is_call(stats[0], *_VIEWS) or not isinstance(stats[0].args[0], fx.Node):
+        return None, None
+    full, groups, out = fake(stats[0].args[0]), fake(stats[0]), fake(node)
+    if full is None or groups is None or out is None or groups.dim() != full.dim() + 1:
+        return None, None
+    if out.shape != full.shape or groups.shape[:-2] != full.shape[:-1]:
+        return None, None
+    k, size = full.shape[-1], groups.shape[-1]
+    text = f"it normalizes groups of {size} of its {k} channels, not the whole row (a grouped norm)"
+    return (stats[0].args[0], stats[1]), Reason(SharedCode.NORM_GROUPED, text)
 
 
 def _variance_eps(node, s32) -> float | fx.Node | None:
