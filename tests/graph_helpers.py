@@ -15,7 +15,6 @@ import mxfuse
 from mxfuse.passes import post_grad
 from mxfuse.passes.analysis import op_counts, op_name
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns import norm_quant
 from mxfuse.testing import assert_bitwise, bits
 
 
@@ -53,9 +52,18 @@ def compile_with_pass(fn, *, dynamic=False, passes=True, **options):
     return compiled, capture
 
 
+def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16, device="cpu"):
+    """Small `(x, residual, weight, eps)` for building graphs of every form in tests."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
+    residual = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
+    weight = (0.1 * torch.randn(k, generator=g)).to(dtype=dtype, device=device)
+    return x, residual, weight, 1e-6
+
+
 def inputs(m=5, k=64, dtype=torch.bfloat16):
     """`(x, residual, weight)` of the norm tests."""
-    x, residual, weight, _ = norm_quant.example_inputs(m, k, dtype)
+    x, residual, weight, _ = example_inputs(m, k, dtype)
     return x, residual, weight
 
 

@@ -4,6 +4,7 @@ all-gather (every rank holds the same rows), and small SP blocks (see test_sp_ga
 from __future__ import annotations
 
 import torch
+from graph_helpers import example_inputs
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -15,7 +16,6 @@ from mxfuse.ops import reference
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.norm_quant import example_inputs
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional

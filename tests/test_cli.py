@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import io
 import json
 import os
@@ -10,7 +9,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -18,13 +16,16 @@ import torch
 from mxfuse.cli import args as cli_args, build_parser, main
 from mxfuse.cli.demo import run_demo
 from mxfuse.cli.dump import MANIFEST, prepare_out_dir
-from mxfuse.cli.recording import MergedReport, kind_fields, skip_fields
 from mxfuse.cli.targets import pick_device
 from mxfuse.models import ModelConfig
 from mxfuse.passes import explain as ex
 from mxfuse.passes.analysis import CPP_KERNELS, TRITON_KERNELS, count_launches, total_launches
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.results import FusionKind, SkipCode, SkipRecord
+from mxfuse.passes.report import PassReport, SiteRecord
+from mxfuse.patterns.norm_quant import NormQuantKind
+from mxfuse.patterns.results import SharedCode, SkipRecord
+from mxfuse.patterns.sequence_parallel import SequenceParallelCode
+from mxfuse.patterns.sp_gather import GatheredQuantKind, PackedGatherKind
 from mxfuse.testing import bitwise_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,63 +294,58 @@ def benchmark_compiled_module():
     assert total_launches(counts) == 4  # the wait is not a launch
 
 
-class _Kind(NamedTuple):
-    """Stands in for core's `FusionKind` (built in parallel): the fields the command reads, and its string."""
-
-    text: str
-    fuses_norm: bool
-    writes_y: bool
-    packed_gather: bool
-
-    def __str__(self):
-        return self.text
+def _record(kind) -> SiteRecord:
+    return SiteRecord(kind.rewrite, kind, "y", ("y",))
 
 
 def test_pass_summary_reads_kinds_by_their_fields():
-    plain = _Kind("mxfuse:plain->mxfuse_quant:rowmajor", True, False, False)
-    with_y = _Kind("hf:fused_add->vllm_quant:swizzled+y", True, True, False)
-    packed = _Kind("mxfuse:fused_add->c10d_gather:mxfp8_packed:rowmajor", True, False, True)
-    unfused = _Kind("mxfuse:fused_add(unfused)->c10d_gather:mxfp8_packed:rowmajor", False, False, True)
-    repair = _Kind("repair:swizzled:c10d_gather->bf16_gather", False, True, False)
-    report = MergedReport(matched=collections.Counter({plain: 1, with_y: 2, packed: 3, unfused: 1, repair: 1}))
+    plain = NormQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False)
+    with_y = NormQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True)
+    packed = PackedGatherKind("mxfuse:fused_add", True, False, "rowmajor", "c10d", keeps_bf16_gather=False)
+    unfused = PackedGatherKind("mxfuse:fused_add", False, True, "rowmajor", "c10d", keeps_bf16_gather=False)
+    repair = GatheredQuantKind(None, False, True, False, swizzled=True, quant_form="mxfuse", gather_form="c10d")
+    kinds = [plain, with_y, with_y, packed, packed, packed, unfused, repair]
+    report = PassReport(applied=[_record(k) for k in kinds])
     assert report.fused_norms() == (4, 2)
     assert report.packed_gathers() == 4
     assert report.matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 2)
+    assert PassReport.merge([report, report]).matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 4)
 
 
 def test_skips_read_by_their_fields():
-    code = SkipCode.NO_QUANT
+    code = SharedCode.NO_QUANT
     norm = SkipRecord("norm_quant", "hf:plain", "convert_element_type_5", code, "no MXFP8 quant reads its output")
-    quant = SkipRecord("sp_gather", None, "mxfp8_quantize_3", SkipCode.QUANT_UNSUPPORTED, "a quant it cannot replace")
-    assert tuple(skip_fields(norm)) == ("norm_quant", "hf:plain", "convert_element_type_5", norm.reason)
-    assert skip_fields(quant).norm_kind == "quant_input"  # the report's word for a site with no norm
+    quant = SkipRecord("sp_gather", None, "mxfp8_quantize_3", SharedCode.QUANT_UNSUPPORTED, "a quant it cannot replace")
+    assert norm.label == "hf:plain"
+    assert quant.label == "quant_input"  # the report's word for a site with no norm
     whole = SkipRecord(
-        "sequence_parallel", None, "all_reduce_1", SkipCode.ALL_REDUCE_FORM, "not an all-reduce it knows"
+        "sequence_parallel", None, "all_reduce_1", SequenceParallelCode.ALL_REDUCE_FORM, "not an all-reduce it knows"
     )
-    assert skip_fields(whole).norm_kind == "whole_graph"  # the rewrite left the whole graph, not a norm
+    assert whole.label == "whole_graph"  # the rewrite left the whole graph, not a norm
 
 
 def test_kinds_read_by_their_fields():
     """The summaries read the typed kinds' fields; their strings are the report's."""
     kinds = {
-        FusionKind("norm_quant", "mxfuse:plain", True, False, False, "norm_quant", quant_form="mxfuse"): (
+        NormQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False): (
             "mxfuse:plain->mxfuse_quant:rowmajor",
             (True, False, False),
         ),
-        FusionKind("norm_quant", "hf:fused_add", True, True, False, "norm_quant", "swizzled", "vllm"): (
+        NormQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True): (
             "hf:fused_add->vllm_quant:swizzled+y",
             (True, True, False),
         ),
-        FusionKind("sp_gather", "mxfuse:fused_add", False, False, True, "norm_gather", gather_form="c10d"): (
+        PackedGatherKind("mxfuse:fused_add", False, False, "rowmajor", "c10d", keeps_bf16_gather=False): (
             "mxfuse:fused_add(unfused)->c10d_gather:mxfp8_packed:rowmajor",
             (False, False, True),
         ),
-        FusionKind("sp_gather", None, False, False, True, "repair", "swizzled", gather_form="c10d"): (
+        GatheredQuantKind(None, False, False, True, swizzled=True, quant_form="mxfuse", gather_form="c10d"): (
             "repair:swizzled:c10d_gather->mxfp8_packed",
             (False, False, True),
         ),
     }
-    assert {str(k): tuple(kind_fields(k)) for k in kinds} == dict(kinds.values())
+    fields = {str(k): (k.fuses_norm, k.writes_y, k.packed_gather) for k in kinds}
+    assert fields == dict(kinds.values())
 
 
 def test_bitwise_equal_helper():

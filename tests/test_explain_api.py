@@ -47,3 +47,17 @@ def test_explain_is_exported_and_its_answer_is_typed():
     assert "explain" in mxfuse.__all__ and callable(mxfuse.explain)
     empty = Explanation(())
     assert empty.verdicts == () and empty.unfused == () and empty.lines() == []
+
+
+def test_str_of_the_answer_is_its_lines():
+    """`print(mxfuse.explain(...))` shows one line per norm, not a dataclass repr."""
+    mx = torch.ops.mxfuse
+
+    def fn(x, w):
+        return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, w, 1e-6)), mx.gemma_rmsnorm(x, w, 1e-5)
+
+    x, w = torch.randn(4, 64).bfloat16(), torch.zeros(64).bfloat16()
+    answer = mxfuse.explain(fn, x, w, options=mxfuse.PassOptions(strict=True))
+    assert str(answer) == "\n".join(answer.lines()) and len(answer.lines()) == 2
+    assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in str(answer) and "not fused" in str(answer)
+    assert str(Explanation(())) == "no Gemma norm in the compiled graphs"

@@ -20,7 +20,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import mxfuse  # noqa: F401
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.results import SkipCode
+from mxfuse.patterns.norm_quant import NormQuantCode
+from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 K = 64
@@ -217,10 +218,10 @@ def fp32_sum_read_twice(h, w, eps):
 
 
 LOOK_ALIKES = [
-    (llama_fp32, SkipCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
-    (llama_promoted, SkipCode.NORM_ARITHMETIC, "Llama-style"),
-    (two_plus_w, SkipCode.NORM_ARITHMETIC, "`2 + w`"),
-    (fp32_sum_read_twice, SkipCode.NORM_ARITHMETIC, "also read in fp32"),
+    (llama_fp32, SharedCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
+    (llama_promoted, SharedCode.NORM_ARITHMETIC, "Llama-style"),
+    (two_plus_w, SharedCode.NORM_ARITHMETIC, "`2 + w`"),
+    (fp32_sum_read_twice, SharedCode.NORM_ARITHMETIC, "also read in fp32"),
 ]
 
 
@@ -248,7 +249,7 @@ def test_eps_tensor_of_shape_one_is_not_a_scalar():
 
     _, _, report = run_pass(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
     (skip,) = report.skipped
-    assert skip.code is SkipCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
+    assert skip.code is SharedCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
 
 
 def test_quant_through_a_view_that_splits_rows_is_named():
@@ -257,7 +258,7 @@ def test_quant_through_a_view_that_splits_rows_is_named():
 
     _, after, report = run_pass(fn, data(32, K), gemma_weight())
     (skip,) = report.skipped
-    assert skip.code is SkipCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
+    assert skip.code is NormQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
     assert op_counts(after.graph)[FUSED_PLAIN] == 0
 
 
@@ -271,3 +272,33 @@ def test_mxfuse_fused_add_with_a_flattening_quant_fuses_bitwise():
     assert op_counts(after.graph)[FUSED_ADD] == 1 and op_counts(after.graph)[QUANT] == 0
     with torch.no_grad():
         assert_bitwise(after(*args), before(*args))
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan")])
+def test_a_negative_or_nan_eps_is_refused_at_planning_with_its_code(eps):
+    def fn(h, w):
+        return mx.mxfp8_quantize(spelled_norm(h, w, eps))
+
+    before, after, report = run_pass(fn, data(4, K), gemma_weight())
+    (skip,) = report.skipped
+    assert skip.code is SharedCode.EPS_INVALID and not report.failed, skip
+    assert skip.reason == f"eps={eps} is not a valid norm epsilon; left unfused"
+    assert not report.matched and after.code == before.code
+
+
+def test_a_grouped_one_plus_w_norm_is_left_alone_with_its_code_and_warned(caplog):
+    """A norm per 128 of 512 channels (as transformers' Qwen4-Exp `hc_norm`) feeding an MXFP8 quant."""
+
+    def fn(h, w):
+        x = h.float().view(*h.shape[:-1], 4, 128)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return mx.mxfp8_quantize((x.view(h.shape) * (1.0 + w.float())).type_as(h))
+
+    with caplog.at_level(logging.WARNING, logger="mxfuse"):
+        before, after, report = run_pass(fn, data(4, 512), (0.1 * data(512, seed=3)))
+    (skip,) = report.skipped
+    assert skip.code is SharedCode.NORM_GROUPED and skip.norm_kind == "hf:plain", skip
+    assert "groups of 128 of its 512 channels" in skip.reason
+    assert not report.matched and after.code == before.code
+    (record,) = [r for r in caplog.records if r.name == "mxfuse" and r.levelno == logging.WARNING]
+    assert "grouped norm" in record.getMessage()

@@ -20,7 +20,7 @@ import mxfuse
 from mxfuse.hf import swap_linears
 from mxfuse.models import MXFP8Linear
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.results import SkipCode
+from mxfuse.patterns.results import SharedCode
 
 transformers = pytest.importorskip("transformers")
 mx = torch.ops.mxfuse
@@ -110,7 +110,7 @@ def test_gemma3_decoder_layer_fuses_every_norm_that_feeds_a_quant(gemma3_unfused
     assert capture.after[FUSED_PLAIN] == 1 and capture.after[FUSED_ADD] == 1
     assert capture.after[QUANT] == 2  # o_proj and down_proj read attention / the MLP activation
     # q/k norms, post-attention and post-feedforward norms feed no quant: said so, not warned about
-    assert {s.code for s in capture.report.skipped} == {SkipCode.NO_QUANT}
+    assert {s.code for s in capture.report.skipped} == {SharedCode.NO_QUANT}
     assert not [r for r in caplog.records if r.name == "mxfuse" and r.levelno >= logging.WARNING]
     if freezing:  # `1 + w` folded into an fp32 constant: the multiplier itself, offset 0
         assert "weight_offset = 0.0" in capture.graph_text
@@ -169,7 +169,7 @@ def test_explain_api_gives_typed_verdicts_and_the_pass_warns_once_with_the_sourc
     fused, unfused = sorted(explanation.verdicts, key=lambda v: not v.fused)
     assert fused.fused and fused.kind == "hf:plain" and fused.detail == "hf:plain->mxfuse_quant:rowmajor"
     assert fused.module is not None and "gemma" in fused.module
-    assert not unfused.fused and unfused.code is SkipCode.NORM_ARITHMETIC
+    assert not unfused.fused and unfused.code is SharedCode.NORM_ARITHMETIC
     assert "Llama-style" in unfused.detail and unfused.fix is not None
     assert unfused.source is not None and unfused.source.startswith("test_norm_forms_compiled.py:")
     (report,) = [g.report for g in explanation.graphs]

@@ -21,7 +21,7 @@ import mxfuse
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import norm_quant
-from mxfuse.patterns.results import SkipCode
+from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 
@@ -34,8 +34,8 @@ def test_a_failing_site_is_rolled_back_and_the_others_still_fuse(monkeypatch, ca
 
     real_apply = norm_quant.NormQuant.apply
 
-    def fail_on_fused_add(self, graph, fusion, options):
-        out = real_apply(self, graph, fusion, options)  # mutate first, so the rollback has work to do
+    def fail_on_fused_add(self, graph, fusion):
+        out = real_apply(self, graph, fusion)  # mutate first, so the rollback has work to do
         if fusion.norm.has_residual:
             raise RuntimeError("injected failure")
         return out
@@ -45,7 +45,7 @@ def test_a_failing_site_is_rolled_back_and_the_others_still_fuse(monkeypatch, ca
         capture = check(fn, inputs(), {NORM_ADD: 1, FUSED_PLAIN: 1, NORM_PLAIN: 0, QUANT: 1}, strict=False)
     assert capture.report.matched_strings() == {"mxfuse:plain->mxfuse_quant:rowmajor": 1}
     (failed,) = capture.report.skipped
-    assert failed.code is SkipCode.REWRITE_FAILED and "injected failure" in failed.reason
+    assert failed.code is SharedCode.REWRITE_FAILED and "injected failure" in failed.reason
     assert failed.norm_kind == "mxfuse:fused_add" and not capture.report.failed
     assert "norm_quant (mxfuse:fused_add->mxfuse_quant:rowmajor)" in caplog.text and "injected failure" in caplog.text
 
@@ -85,7 +85,7 @@ def test_strict_mode_raises_instead_of_rolling_back(monkeypatch):
     def fn(x, weight):
         return mx.mxfp8_quantize(mx.gemma_rmsnorm(x, weight, 1e-6))
 
-    def fail(self, graph, fusion, options):
+    def fail(self, graph, fusion):
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(norm_quant.NormQuant, "apply", fail)

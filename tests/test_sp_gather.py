@@ -36,7 +36,7 @@ from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sp_gather
 from mxfuse.patterns.gather_checks import rows_reason
-from mxfuse.patterns.results import SkipCode
+from mxfuse.patterns.results import SharedCode
 from mxfuse.testing import assert_bitwise
 
 # ------------------------------------------------------------------ form A: norm -> gather -> quant
@@ -95,8 +95,8 @@ def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch, caplog):
     before, code = gemm.meta["eager_input_vals"], gm.code
     real_apply = sp_gather.SpGather.apply
 
-    def apply_then_fail(self, graph, action, options):
-        real_apply(self, graph, action, options)  # rewires the GEMM first
+    def apply_then_fail(self, graph, action):
+        real_apply(self, graph, action)  # rewires the GEMM first
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(sp_gather.SpGather, "apply", apply_then_fail)
@@ -105,7 +105,7 @@ def test_a_failing_rewrite_restores_the_recorded_strides(monkeypatch, caplog):
         report = post_grad.run(gm.graph, PassOptions(sp_gather="mxfp8", fuse_norm_quant=False))
     gm.recompile()
     assert not report.matched and gm.code == code
-    (failed,) = [s for s in report.skipped if s.code is SkipCode.REWRITE_FAILED]
+    (failed,) = [s for s in report.skipped if s.code is SharedCode.REWRITE_FAILED]
     assert failed.rewrite == "sp_gather" and "injected failure" in failed.reason
     assert gemm.meta["eager_input_vals"] is before
     assert "injected failure" in caplog.text
@@ -219,7 +219,7 @@ def test_rows_reason_guards():
     mode = FakeTensorMode()
     with mode:
         assert "multiple of 32" in rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y").text
-        assert rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y").code is SkipCode.HIDDEN_SIZE
+        assert rows_reason(torch.empty(4, 48, dtype=torch.bfloat16), "y").code is SharedCode.HIDDEN_SIZE
         assert "dtype" in rows_reason(torch.empty(4, 64), "y").text
         assert "2-D" in rows_reason(torch.empty(2, 4, 64, dtype=torch.bfloat16), "y").text
         assert rows_reason(torch.empty(4, 64, dtype=torch.float16), "y") is None

@@ -44,7 +44,7 @@ from mxfuse.models_tp import TPModel
 from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sequence_parallel as sp
-from mxfuse.patterns.results import Fusion, FusionKind, Skip, SkipCode
+from mxfuse.patterns.results import Fusion, Scope, Skip
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
@@ -192,15 +192,21 @@ def counts(gm) -> dict:
 
 
 def run_pass(gm, **options) -> post_grad.PassReport:
-    report = post_grad.run(gm.graph, PassOptions(**options))
+    """The pass with `options` (the environment fills the rest: strict in this suite, see conftest)."""
+    report = post_grad.run(gm.graph, PassOptions.from_env(**options))
     assert report.failed is None, report.failed
     gm.recompile()
     return report
 
 
-def sp_kind(family: str, pad: bool) -> FusionKind:
+def sp_kind(family: str, pad: bool) -> sp.SequenceParallelKind:
     """The kind the rewrite reports for a graph whose all-reduces are of `family`."""
-    return FusionKind(sp.NAME, None, False, False, False, "sequence_parallel", gather_form=family, padded=pad)
+    return sp.SequenceParallelKind(family, pad)
+
+
+def plan_directly(rewrite, node, norm_kind, plan):
+    """The pass's per-site rule reduced to its strict form: plan, and let an exception out."""
+    return plan()
 
 
 def code(gm) -> str:
@@ -253,8 +259,8 @@ def test_dynamic_token_counts_one_graph(world):
 def test_off_by_default_and_plan_leaves_the_graph_alone(world):
     gm = trace_model(tp_models(world, lm_head=False)[0], 8)
     before = code(gm)
-    assert sp.SequenceParallelRewrite().plan(gm.graph, PassOptions()) == []
-    (verdict,) = sp.SequenceParallelRewrite().plan(gm.graph, PassOptions(sequence_parallel=True))
+    assert sp.NAME not in [r.name for r in post_grad.rewrites(PassOptions())]
+    (verdict,) = sp.SequenceParallelRewrite().plan(gm.graph, plan_directly)
     assert isinstance(verdict, sp.SequenceParallelPlan) and isinstance(verdict, Fusion) and code(gm) == before
     assert str(verdict.kind) == "sequence_parallel:c10d_all_reduce->reduce_scatter"  # 8 rows: no padding
     assert verdict.kind.rewrite == sp.NAME and verdict.kind.norm_kind is None and not verdict.kind.fuses_norm
@@ -270,7 +276,7 @@ def test_option_validated_and_in_the_cache_key():
     assert post_grad.MxfusePass(PassOptions(sequence_parallel=False)).uuid() == base
     with pytest.raises(TypeError, match="sequence_parallel"):
         PassOptions(sequence_parallel="yes")
-    rewrites = [r.name for r in post_grad.rewrites()]
+    rewrites = [r.name for r in post_grad.rewrites(PassOptions(sequence_parallel=True))]
     assert rewrites[:2] == [sp.NAME, "sp_gather"]  # before sp_gather, which places the gathers it emits
 
 
@@ -309,7 +315,7 @@ def test_an_all_reduce_that_feeds_no_norm_leaves_the_whole_graph(world):
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
     (skip,) = [s for s in report.skipped if s.rewrite == sp.NAME]
-    assert skip.code is SkipCode.ALL_REDUCE_NO_NORM and skip.node.startswith("all_reduce"), skip
+    assert skip.code is sp.SequenceParallelCode.ALL_REDUCE_NO_NORM and skip.node.startswith("all_reduce"), skip
     assert skip.as_dict()["kind"] == "whole_graph" and "feeds no Gemma norm" in skip.as_dict()["reason"], skip
 
 
@@ -318,7 +324,8 @@ def test_swizzled_quant_with_a_token_count_that_may_not_divide_is_left_alone(wor
     before = code(gm)
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
-    assert [s.code for s in report.skipped if s.rewrite == sp.NAME] == [SkipCode.SWIZZLED_PADDED], report.skipped
+    codes = [s.code for s in report.skipped if s.rewrite == sp.NAME]
+    assert codes == [sp.SequenceParallelCode.SWIZZLED_PADDED], report.skipped
     verdict = sp.plan_graph(trace(_norm_chain_and("swizzled"), *_rows()).graph)  # static 8 rows: divides
     assert isinstance(verdict, sp.SequenceParallelPlan) and not verdict.pad
 
@@ -341,13 +348,15 @@ def test_unknown_group_is_left_alone():
     before = code(gm)
     report = run_pass(gm, sequence_parallel=True, fuse_norm_quant=False)  # (rewrite 1 alone would fuse the norm)
     assert code(gm) == before
-    assert [s.code for s in report.skipped if s.rewrite == sp.NAME] == [SkipCode.WORLD_SIZE_UNKNOWN], report.skipped
+    codes = [s.code for s in report.skipped if s.rewrite == sp.NAME]
+    assert codes == [sp.SequenceParallelCode.WORLD_SIZE_UNKNOWN], report.skipped
 
 
 def test_skip_record_is_typed(world):
     graph = trace(_norm_chain_and("all_reduce_to_mul"), *_rows()).graph
     verdict = sp.plan_graph(graph)
-    assert isinstance(verdict, Skip) and verdict.code is SkipCode.ALL_REDUCE_NO_NORM and verdict.code.whole_graph
+    assert isinstance(verdict, Skip) and verdict.code is sp.SequenceParallelCode.ALL_REDUCE_NO_NORM
+    assert verdict.code.scope is Scope.GRAPH
     assert verdict.rewrite == sp.NAME and verdict.norm_kind is None and not verdict.quant_site
     assert verdict.node.target is c10d.all_reduce.default
     # `mxfuse explain` shows it though it belongs to no norm
@@ -505,7 +514,7 @@ def _sp_checks(model, world, modes, all_reduce, reduce_scatter, fuse_norm_quant=
     }
     outs = {}
     for mode in modes:
-        options = PassOptions(sequence_parallel=True, sp_gather=mode, fuse_norm_quant=fuse_norm_quant)
+        options = PassOptions.from_env(sequence_parallel=True, sp_gather=mode, fuse_norm_quant=fuse_norm_quant)
         run = _compile_runs(model, ids, options)
         outs[mode] = run.pop("outs")  # tensors stay in the rank process
         run["same_as_eager"] = {n: torch.equal(bits(outs[mode][n]), bits(eager[n])) for n in TOKENS}
@@ -556,7 +565,7 @@ def _skipped_graph_runs(group) -> dict:
     globals()["GROUP"] = group.group_name  # the chain's all-reduces over this process's real group
     try:
         torch._dynamo.reset()
-        capture = _Capture(PassOptions(sequence_parallel=True))
+        capture = _Capture(PassOptions.from_env(sequence_parallel=True))
         compiled = torch.compile(fn, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out, want = compiled(*args), fn(*args)
@@ -647,7 +656,7 @@ def test_sp_rewrite_distributed(vllm_and_gloo2_reports):
         assert results["modes_equal"] == [True] * len(results["modes_equal"]), rank
         assert sum(v for k, v in results["mxfp8"]["matched"].items() if k.packed_gather) == 2 * DIST_CONFIG.n_layers
         skipped = results["skipped_graph"]
-        assert skipped["same"] and skipped["skips"] == [SkipCode.ALL_REDUCE_NO_NORM], skipped
+        assert skipped["same"] and skipped["skips"] == [sp.SequenceParallelCode.ALL_REDUCE_NO_NORM], skipped
 
 
 @pytest.mark.vllm

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from mxfuse.cli.recording import MergedReport
 from mxfuse.cli.targets import Target, options_text
 from mxfuse.passes.analysis import COUNTED, count_launches, total_launches
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
 
 _DEPYF_FILES = (
     (
@@ -41,7 +41,7 @@ def describe_depyf(name: str) -> str:
 
 
 def write_index(
-    out_dir: Path, written: list[Path], target: Target, options: PassOptions, report: MergedReport, codes: list[str]
+    out_dir: Path, written: list[Path], target: Target, options: PassOptions, report: PassReport, codes: list[str]
 ) -> Path:
     """Write `out_dir/INDEX.md` over the files of this dump (`written`, relative to `out_dir`)."""
     lines = [
@@ -87,7 +87,7 @@ def write_index(
         ]
         lines += ["", f"Those nodes in `mxfuse/{before[0].name}` (line, code):", "", "```", *code[:40], "```", ""]
     for skip in report.skipped:
-        lines.append(f"- left alone by {skip.rewrite}: `{skip.node}` ({skip.norm_kind}): {skip.reason}")
+        lines.append(f"- left alone by {skip.rewrite}: `{skip.node}` ({skip.label}): {skip.reason}")
     after = [p for p in mx_files if p.name.endswith(".after.py")]
     if after:
         fused = [

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     pass_obj = RecordingPass(options, explain=True)
     print(f"mxfuse explain: {target.description}; passes: {options_text(options)}", file=out)
     compile_and_run(target.fn, target.x, pass_obj, "compiling", out)
-    graphs = zip(pass_obj.verdicts, pass_obj.quant_inputs)
+    graphs = [(g.verdicts, g.quant_inputs) for g in pass_obj.graphs]
     print_verdicts(graphs, args.source, out)
     return 0 if not pass_obj.merged_report().failed else 1
 

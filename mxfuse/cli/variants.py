@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mxfuse.cli.recording import MergedReport, RecordingPass, compile_with
+from mxfuse.cli.recording import RecordingPass, compile_with
 from mxfuse.cli.timing import step_time_ms, synchronize
 from mxfuse.models import ModelConfig, compile_model
 from mxfuse.passes.analysis import capture_wrapper_code, count_launches
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
 from mxfuse.testing import bitwise_equal
 
 PASSES_VARIANT = "mxfuse passes"
@@ -29,7 +30,7 @@ class VariantResult:
     max_abs_diff: float | None = None
     bitwise_vs_compiled: bool | None = None  # the passes variant vs. compiled without them
     launches: collections.Counter | None = None
-    report: MergedReport | None = None
+    report: PassReport | None = None
     output_desc: str = ""
     timing: str = "wall clock"  # how step_ms was measured (see `step_time_ms`)
 

@@ -4,17 +4,16 @@ Pure functions over FX graphs. The verdicts come from what the pass itself decid
 never from a second copy of its rules:
 
 - which norms exist: :func:`mxfuse.patterns.norms.find_norms` (the recognizers);
-- fused or not: whether the norm's output node is gone from the graph after the pass
-  (the rewrites erase a norm they replaced);
-- the kind of fusion: :func:`mxfuse.patterns.norm_quant.plan_one` on the graph before,
-  else the report's matched kinds of the rewrite that took it;
-- why not: the ``skipped`` records of the pass report (rewrite, norm kind, node,
-  :class:`~mxfuse.patterns.results.SkipCode`, reason), the ones that
-  :mod:`mxfuse.passes.post_grad` also logs at debug level. Decisions read the codes.
+- fused or not, and how: the report's record of the site applied at the norm's output
+  (rewrite, kind, replaced nodes), when its kind fused the norm;
+- why not: the ``skipped`` records of the pass report (rewrite, norm kind, node, refusal
+  code, reason), the ones that :mod:`mxfuse.passes.post_grad` also logs at debug level.
+  Decisions read the codes (a norm whose rewrite deferred to another with
+  `CROSSES_GATHER` gets the other's reason).
 
 :func:`explain` runs the pass on a copy of the graph; :func:`explain_run` explains a
-run that already happened (the graph before, the graph after and the report), which
-is what a pass hook does. Both log each verdict to the ``mxfuse`` logger at debug
+run that already happened (the graph before and the report), which is what
+:class:`RecordingPass` does. Both log each verdict to the ``mxfuse`` logger at debug
 level and emit an ``mxfuse_explain`` artifact for tlparse. :func:`explain_module` (the
 public ``mxfuse.explain``) compiles a user's module once and returns the verdicts of
 every graph it compiled.
@@ -28,15 +27,16 @@ import logging
 import operator
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from mxfuse.passes.options import PassOptions
-from mxfuse.passes.report import PassReport
-from mxfuse.patterns.results import SkipCode, SkipRecord
+from mxfuse.passes.post_grad import MxfusePass
+from mxfuse.passes.report import PassReport, SiteRecord
+from mxfuse.patterns.norm_quant import FIXES, NormQuantCode
+from mxfuse.patterns.results import RefusalCode, Scope, SharedCode, SkipRecord
 
 log = logging.getLogger("mxfuse")
 
@@ -53,7 +53,7 @@ class Verdict:
     module: str | None  # the nn.Module path, e.g. "layers.0.input_norm"
     source: str | None  # last frame of the node's stack trace: "models.py:204 in forward"
     source_line: str | None  # the code on that line
-    code: SkipCode | None = None  # not fused: why, as data (None: fused, or no rewrite recorded one)
+    code: RefusalCode | None = None  # not fused: why, as data (None: fused, or no rewrite recorded one)
     fix: str | None = None  # not fused: the change that would make it fuse, where there is a simple one
 
     def line(self) -> str:
@@ -89,67 +89,60 @@ def explain(graph: fx.Graph, options: PassOptions = PassOptions()) -> list[Verdi
 
     after = copy_graph(graph)
     report = post_grad.run(after, dataclasses.replace(options, dump_dir=None))
-    return explain_run(graph, after, report, options)
+    return explain_run(graph, report, options)
 
 
-def explain_run(before: fx.Graph, after: fx.Graph, report: PassReport, options: PassOptions) -> list[Verdict]:
-    """Verdicts from a run of the pass: `before` (a copy taken before it), `after`, its report."""
-    from mxfuse.patterns import norm_quant
+def explain_run(before: fx.Graph, report: PassReport, options: PassOptions) -> list[Verdict]:
+    """Verdicts from a run of the pass: `before` (a copy taken before it) and its report (whose
+    records say what became of each site)."""
     from mxfuse.patterns.norms import find_norms
 
-    alive = {n.name for n in after.nodes}
     skips: dict[str, list[SkipRecord]] = {}
     for record in report.skipped:
         skips.setdefault(record.node, []).append(record)
+    fused: dict[str, SiteRecord] = {r.site: r for r in report.applied if r.kind.fuses_norm}
     verdicts = []
     for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
-        if record.code.whole_graph:
+        if record.code.scope is Scope.GRAPH:
             fields = {"module": None, "source": None, "source_line": None, "whole_graph": True}
             verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, **fields))
     for norm in find_norms(before):
         if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
             continue  # dead in the graph handed to the pass
         module, source, code = _where(norm)
-        if norm.y.name not in alive:
-            planned = norm_quant.plan_one(norm)
-            if isinstance(planned, norm_quant.NormQuantFusion):
-                detail, rewrite = str(planned.kind), norm_quant.NAME
-            else:
-                detail, rewrite = _other_rewrite_kind(norm.kind, report), "sp_gather"
-            verdicts.append(Verdict(norm.y.name, norm.kind, True, detail, rewrite, module, source, code))
+        applied = fused.get(norm.y.name)
+        if applied is not None:
+            verdicts.append(
+                Verdict(norm.y.name, norm.kind, True, str(applied.kind), applied.rewrite, module, source, code)
+            )
             continue
         rewrite, why, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
-        fix = norm_quant.FIXES.get(why) if why is not None else None
+        fix = FIXES.get(why) if why is not None else None
         verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code, why, fix))
     _emit(verdicts)
     return verdicts
 
 
-def _other_rewrite_kind(norm_kind: str, report: PassReport) -> str:
-    kinds = sorted(
-        str(k) for k in report.matched if k.norm_kind == norm_kind and k.fuses_norm and k.rewrite != "norm_quant"
-    )
-    return " or ".join(kinds) if kinds else "replaced by a rewrite (see the report's matched kinds)"
-
-
 def _reason(
     norm, skips: list[SkipRecord], report: PassReport, options: PassOptions
-) -> tuple[str | None, SkipCode | None, str]:
+) -> tuple[str | None, RefusalCode | None, str]:
     if report.failed:
         return None, None, f"the pass failed and left the graph unchanged ({report.failed})"
     if not skips:
         if not options.fuse_norm_quant:
             return None, None, "the option fuse_norm_quant is off"
         return None, None, "left unchanged (no rewrite recorded a reason)"
-    # a norm whose output is gathered first: rewrite 2 (sp_gather) has the last word
-    own = [s for s in skips if s.rewrite == "norm_quant"]
-    others = [s for s in skips if s.rewrite != "norm_quant"]
-    if others and (not own or own[0].code is SkipCode.CROSSES_GATHER):
-        chosen, reason = others[0], f"its output crosses an all-gather: {others[0].reason}"
-    else:
-        chosen = own[0]
-        reason = chosen.reason
-    if chosen.code is SkipCode.NO_QUANT and chosen.rewrite == "norm_quant":
+    # a rewrite that defers (its output crosses an all-gather) leaves the word to the rewrite that placed
+    # the gather; otherwise the last rewrite to look at the norm has it (its skips come last)
+    deciding = [s for s in skips if s.code is not NormQuantCode.CROSSES_GATHER]
+    deferred = len(deciding) < len(skips)
+    if not deciding:
+        chosen = skips[0]
+        return chosen.rewrite, chosen.code, chosen.reason
+    last = deciding[-1].rewrite
+    chosen = next(s for s in deciding if s.rewrite == last)
+    reason = f"its output crosses an all-gather: {chosen.reason}" if deferred else chosen.reason
+    if chosen.code is SharedCode.NO_QUANT and not deferred:
         reason += f" (read by: {_readers(norm.y)})"
     return chosen.rewrite, chosen.code, reason
 
@@ -252,7 +245,7 @@ def _is_view(node: fx.Node) -> bool:
 
 
 def _json_value(value) -> str:
-    return value.name if isinstance(value, SkipCode) else str(value)
+    return value.name if isinstance(value, RefusalCode) else str(value)
 
 
 def _emit(verdicts: list[Verdict]) -> None:
@@ -284,7 +277,8 @@ class GraphVerdicts:
 
 @dataclass(frozen=True)
 class Explanation:
-    """`mxfuse.explain`'s answer: per compiled graph, every Gemma norm and why it did or did not fuse."""
+    """`mxfuse.explain`'s answer: per compiled graph, every Gemma norm and why it did or did not fuse
+    (`str()`: one line per norm, as :meth:`lines`)."""
 
     graphs: tuple[GraphVerdicts, ...]
 
@@ -299,24 +293,42 @@ class Explanation:
     def lines(self) -> list[str]:
         return [v.line() + (f" (fix: {v.fix})" if v.fix else "") for v in self.verdicts]
 
+    def __str__(self) -> str:
+        return "\n".join(self.lines()) or "no Gemma norm in the compiled graphs"
 
-@dataclass
-class ExplainingPass(CustomGraphPass):
-    """The mxfuse pass, explaining each graph it rewrites (never cached: the verdicts need a run)."""
 
-    options: PassOptions
-    graphs: list[GraphVerdicts] = field(default_factory=list)
+class RecordingPass(MxfusePass):
+    """The mxfuse pass, keeping each graph's report (and, with `explain`, its verdicts): the one pass
+    that captures what the rewrites did, for `mxfuse.explain`, the command and the tests.
+
+    Explaining is never cached (the verdicts need a run); recording alone keeps the pass's `uuid`.
+    """
+
+    def __init__(self, options: PassOptions, explain: bool = False):
+        super().__init__(options)
+        self.explain = explain
+        self.graphs: list[GraphVerdicts] = []
 
     def __call__(self, graph: fx.Graph) -> None:
         from mxfuse.passes import post_grad
 
-        before = copy_graph(graph)
-        report = post_grad.run(graph, self.options)
-        verdicts = explain_run(before, graph, report, self.options)
+        before = copy_graph(graph) if self.explain else None
+        report = self.last_report = post_grad.run(graph, self.options)
+        if before is None:
+            self.graphs.append(GraphVerdicts((), (), report))
+            return
+        verdicts = explain_run(before, report, self.options)
         self.graphs.append(GraphVerdicts(tuple(verdicts), tuple(unmatched_quant_inputs(before)), report))
 
-    def uuid(self) -> None:
-        return None
+    def uuid(self) -> str | None:  # type: ignore[override]
+        return None if self.explain else super().uuid()
+
+    def merged_report(self) -> PassReport:
+        """The reports of every graph this pass ran on, as one."""
+        return PassReport.merge(g.report for g in self.graphs)
+
+    def explanation(self) -> Explanation:
+        return Explanation(tuple(self.graphs))
 
 
 def explain_module(
@@ -327,11 +339,11 @@ def explain_module(
     `options` default to :meth:`PassOptions.from_env`; `dynamic` is torch.compile's. The
     module's outputs are discarded; it runs under `torch.no_grad()`.
     """
-    recorder = ExplainingPass(options if options is not None else PassOptions.from_env())
+    recorder = RecordingPass(options if options is not None else PassOptions.from_env(), explain=True)
     compiled = torch.compile(module, dynamic=dynamic, options={"post_grad_custom_post_pass": recorder})
     with torch.no_grad():
         compiled(*example_inputs)
-    return Explanation(tuple(recorder.graphs))
+    return recorder.explanation()
 
 
 def load_factory(spec: str) -> tuple[Callable, tuple]:

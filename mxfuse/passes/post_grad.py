@@ -2,14 +2,16 @@
 
 Order: with `sequence_parallel=True`, the sequence-parallel rewrite first (it turns
 all-reduce -> norm into reduce-scatter -> local norm -> all-gather); then rewrite 2
-(quantization around the SP all-gather), so that rewrite 1
-(norm -> quant fusion) sees the graph it leaves. Each rewrite plans without touching
-the graph, then applies one site at a time. A site whose rewrite raises is restored
-(its own :class:`GraphTransaction`) and reported as skipped with
-`SkipCode.REWRITE_FAILED`; the other sites still fuse. Everything runs inside one more
-transaction, the last line of defence: an exception outside a site restores the whole
-graph. Failures are logged at WARNING on the `mxfuse` logger; with the option `strict`
-(or `MXFUSE_STRICT=1`) they are raised instead (the test suite runs strict).
+(quantization around the SP all-gather), so that rewrite 1 (norm -> quant fusion) sees
+the graph it leaves. :func:`rewrites` builds each with the options it needs. Each rewrite
+plans without touching the graph, then applies one site at a time.
+
+This module holds the one rule for failures (:func:`_contain`): a site whose planning or
+rewriting raises is restored (its own :class:`GraphTransaction`) and reported as skipped
+with `SharedCode.REWRITE_FAILED`, the other sites still fuse; everything runs inside one
+more transaction, the last line of defence: an exception outside a site restores the
+whole graph. Failures are logged at WARNING on the `mxfuse` logger; with the option
+`strict` (or `MXFUSE_STRICT=1`) they are raised instead (the test suite runs strict).
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from mxfuse.passes.options import PassOptions
-from mxfuse.passes.report import PassReport
+from mxfuse.passes.report import PassReport, SiteRecord
 from mxfuse.passes.transaction import GraphTransaction
-from mxfuse.patterns.results import Fusion, Rewrite, Skip, SkipCode, SkipRecord
+from mxfuse.patterns.results import Fusion, Rewrite, SharedCode, Skip
 
 log = logging.getLogger("mxfuse")
+T = TypeVar("T")
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _SOURCE_DIRS = ("ops", "patterns", "passes")
@@ -37,15 +42,42 @@ _SOURCE_DIRS = ("ops", "patterns", "passes")
 __all__ = ["MxfusePass", "PassReport", "cache_key", "rewrites", "run"]
 
 
-def rewrites() -> list[Rewrite]:
-    """The rewrites, in the order they run (each reads the options it needs)."""
+def rewrites(options: PassOptions) -> list[Rewrite]:
+    """The rewrites the options turn on, built with their configuration, in the order they run."""
     from mxfuse.patterns.norm_quant import NormQuant
     from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
     from mxfuse.patterns.sp_gather import SpGather
 
-    # sequence_parallel first (a no-op unless the option is on): it emits the
-    # norm -> all_gather -> quant shape that sp_gather then places
-    return [SequenceParallelRewrite(), SpGather(), NormQuant()]
+    # sequence_parallel first: it emits the norm -> all_gather -> quant shape that sp_gather then places
+    chosen: list[Rewrite] = [SequenceParallelRewrite()] if options.sequence_parallel else []
+    chosen.append(SpGather(mode=options.sp_gather, fuse_norm=options.fuse_norm_quant))
+    if options.fuse_norm_quant:
+        chosen.append(NormQuant())
+    return chosen
+
+
+class _Failed(Exception):
+    """A contained failure: `text` is the error, already logged (and rolled back)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def _contain(fn: Callable[[], T], transaction: GraphTransaction | None, strict: bool, what: Callable[[], str]) -> T:
+    """`fn()`; if it raises: restore `transaction`, re-raise when `strict`, else log `what()` failed and
+    raise :class:`_Failed` carrying the error's text. The pass's one rule for a failure."""
+    try:
+        return fn()
+    except Exception as error:
+        if transaction is not None:
+            transaction.rollback()
+        if strict:
+            raise
+        text = f"{type(error).__name__}: {error}"
+        log.warning("mxfuse: %s failed; left unchanged. %s", what(), text)
+        log.debug("mxfuse failure", exc_info=True)
+        raise _Failed(text) from error
 
 
 def run(graph: fx.Graph, options: PassOptions) -> PassReport:
@@ -56,67 +88,72 @@ def run(graph: fx.Graph, options: PassOptions) -> PassReport:
     before = _graph_text(graph) if options.dump_dir else None
     transaction = GraphTransaction(graph)
     users_before = {node: len(node.users) for node in transaction.order}
-    current = "folding duplicate getitems"
-    try:
+    current = ["folding duplicate getitems"]
+
+    def whole_pass():
         fold_duplicate_getitems(graph)  # left by CSE or freezing; the recognizers expect one of each
-        for rewrite in rewrites():
-            current = rewrite.name
-            for planned in rewrite.plan(graph, options):
-                if isinstance(planned, Skip):
-                    report.skipped.append(planned.record())
-                else:
-                    _apply_site(graph, rewrite, planned, options, report)
-        if report.matched:
-            current = "topological sort"
-            # Inductor (2.14) sorts again after post_grad_custom_post_pass, but this function
-            # also runs where nothing sorts after it: `explain`, the CLI's recording pass,
-            # tests that execute the graph, and inside vLLM's pass manager before its later
-            # passes. (torch 2.11's post_grad.py, the GPU image's, was not at hand to check.)
+        for rewrite in rewrites(options):
+            current[0] = f"pattern {rewrite.name}"
+            _run_rewrite(graph, rewrite, options, report)
+        if report.applied:
+            current[0] = "topological sort"
+            # Inductor (2.14) sorts again after post_grad_custom_post_pass, but this function also
+            # runs where nothing sorts after it: `explain`, the CLI's recording pass, tests that
+            # execute the graph, and inside vLLM's pass manager before its later passes.
             from torch._inductor.pattern_matcher import stable_topological_sort
 
             stable_topological_sort(graph)
             graph.lint()
         else:
             transaction.rollback()  # nothing fused: not even the folded getitems change
-    except Exception as error:
-        transaction.rollback()
-        if options.strict:
-            raise
-        report = PassReport(failed=f"{current}: {type(error).__name__}: {error}")
-        log.warning("mxfuse: pattern %s failed; graph left unchanged. %s: %s", current, type(error).__name__, error)
-        log.debug("mxfuse pass failure", exc_info=True)
-        if options.dump_dir:
-            report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
-        return report
-    if report.matched:
-        transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
-    _log(report)
+
+    try:
+        _contain(whole_pass, transaction, options.strict, lambda: f"{current[0]} (the whole graph)")
+    except _Failed as failure:
+        report = PassReport(failed=f"{current[0]}: {failure.text}")
+    else:
+        if report.applied:
+            transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
+        _log(report)
     if options.dump_dir:  # every graph the pass sees: the report matters most when nothing fused
         report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
     return report
 
 
+def _run_rewrite(graph: fx.Graph, rewrite: Rewrite, options: PassOptions, report: PassReport) -> None:
+    """Plan every site of `rewrite`, then apply each planned fusion, each inside the one rule."""
+
+    def plan_site(name: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T]) -> T | Skip:
+        try:
+            return _contain(plan, None, options.strict, lambda: f"pattern {name} planning {node}")
+        except _Failed as failure:
+            return Skip(name, node, norm_kind, SharedCode.REWRITE_FAILED, f"planning it failed ({failure.text})")
+
+    planned = rewrite.plan(graph, plan_site)
+    warned = [p.warn for p in planned if isinstance(p, Skip) and p.warn]
+    if warned:
+        log.warning("%s", "\n".join([f"mxfuse: {len(warned)} {rewrite.warning_head}:", *warned]))
+    for item in planned:
+        if isinstance(item, Skip):
+            report.skipped.append(item.record())
+        else:
+            _apply_site(graph, rewrite, item, options, report)
+
+
 def _apply_site(graph: fx.Graph, rewrite: Rewrite, fusion: Fusion, options: PassOptions, report: PassReport):
     """Apply one planned fusion; on an exception restore this site only and record why."""
-    kind, replaced, site = fusion.kind, [n.name for n in fusion.replaced], fusion.site
-    transaction = GraphTransaction(graph)
+    kind, site = fusion.kind, fusion.site
+    record = SiteRecord(rewrite.name, kind, site.name, tuple(n.name for n in fusion.replaced))
+    what = lambda: f"pattern {rewrite.name} ({kind}) at {site}"  # noqa: E731
     try:
-        applied = rewrite.apply(graph, fusion, options)
-    except Exception as error:
-        transaction.rollback()
-        if options.strict:
-            raise
-        what = f"{type(error).__name__}: {error}"
-        reason = f"rewriting it as {kind} failed and was undone ({what})"
-        report.skipped.append(SkipRecord(rewrite.name, kind.norm_kind, site.name, SkipCode.REWRITE_FAILED, reason))
-        log.warning(
-            "mxfuse: pattern %s (%s) failed at %s; that site left unchanged. %s", rewrite.name, kind, site, what
-        )
-        log.debug("mxfuse site failure", exc_info=True)
+        applied = _contain(lambda: rewrite.apply(graph, fusion), GraphTransaction(graph), options.strict, what)
+    except _Failed as failure:
+        reason = f"rewriting it as {kind} failed and was undone ({failure.text})"
+        skipped = Skip(rewrite.name, site, kind.norm_kind, SharedCode.REWRITE_FAILED, reason)
+        report.skipped.append(skipped.record())
         return
     if applied is not None:
-        report.matched[kind] += 1
-        report.replaced_nodes += replaced
+        report.applied.append(record)
 
 
 def _graph_text(graph: fx.Graph) -> str:
@@ -147,8 +184,8 @@ def _write_dump(out: Path, before: str, after: str, report: PassReport) -> list[
 
 
 def _log(report: PassReport):
-    if report.matched:
-        log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in sorted(report.matched_strings().items())))
+    if report.applied:
+        log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in report.matched_text()))
     for s in report.skipped:
         log.debug("mxfuse: %s left %s (%s): %s", s.rewrite, s.node, s.norm_kind or "quant_input", s.reason)
     try:

@@ -1,6 +1,6 @@
-"""The guards of rewrite 2 (:mod:`.sp_gather`): rows, gathers and gathered shapes it can rewrite.
+"""The guards of rewrite 2 (:mod:`.sp_gather`) and its refusal codes: rows, gathers and gathered shapes.
 
-Each returns a :class:`~mxfuse.patterns.results.Reason` (why not) or None (it can).
+Each guard returns a :class:`~mxfuse.patterns.results.Reason` (why not) or None (it can).
 """
 
 from __future__ import annotations
@@ -13,29 +13,43 @@ from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
 from mxfuse.patterns.quants import QuantMatch
-from mxfuse.patterns.results import Reason, SkipCode
+from mxfuse.patterns.results import Reason, RefusalCode, SharedCode
 
 aten = torch.ops.aten
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
+class SpGatherCode(RefusalCode):
+    """Refusals of rewrite 2 of its own (the norm and quant guards it shares are :class:`SharedCode`)."""
+
+    NOT_ROWS = "not 2-D rows [M, K]"
+    GATHER_UNSUPPORTED = "an all-gather the rewrite cannot read (dim, constants, row count)"
+    GATHER_SPLIT = "the all-gather is along a dim other than 0"
+    MODE_KEEPS = "the sp_gather option keeps this form"
+    SHAPE_READS = "shape reads that a packed gather would change"
+    OTHER_USERS = "other users of a tensor the rewrite would replace"
+    PARTIAL_GATHER = "only one of codes/scales crosses an all-gather"
+    GROUP_MISMATCH = "codes and scales gathered by different groups or families"
+    GATHERED_SHAPES = "gathered codes/scales of unexpected shape"
+
+
 def rows_reason(t: torch.Tensor | None, what: str) -> Reason | None:
     """Whether `t` is 2-D bf16/fp16 rows with a static K that is a multiple of 32."""
     if t is None:
-        return Reason(SkipCode.NO_SHAPES, f"no fake tensor on the {what} (graph not traced with shapes)")
+        return Reason(SharedCode.NO_SHAPES, f"no fake tensor on the {what} (graph not traced with shapes)")
     if t.dim() != 2:
         return Reason(
-            SkipCode.NOT_ROWS, f"the {what} is {t.dim()}-D; only 2-D rows [M, K] are gathered by this rewrite"
+            SpGatherCode.NOT_ROWS, f"the {what} is {t.dim()}-D; only 2-D rows [M, K] are gathered by this rewrite"
         )
     if t.dtype not in ACTIVATION_DTYPES:
         return Reason(
-            SkipCode.ACTIVATION_DTYPE, f"the {what} has dtype {t.dtype}; the packed quant takes bfloat16/float16"
+            SharedCode.ACTIVATION_DTYPE, f"the {what} has dtype {t.dtype}; the packed quant takes bfloat16/float16"
         )
     k = static_int(t.shape[-1])
     if k is None:
-        return Reason(SkipCode.HIDDEN_SIZE, f"hidden size {t.shape[-1]} of the {what} is symbolic")
+        return Reason(SharedCode.HIDDEN_SIZE, f"hidden size {t.shape[-1]} of the {what} is symbolic")
     if k % BLOCK:
-        return Reason(SkipCode.HIDDEN_SIZE, f"hidden size K={k} of the {what} is not a multiple of {BLOCK}")
+        return Reason(SharedCode.HIDDEN_SIZE, f"hidden size K={k} of the {what} is not a multiple of {BLOCK}")
     return None
 
 
@@ -44,15 +58,15 @@ def gather_reason(gather: GatherMatch, local: torch.Tensor | None = None) -> Rea
     out = fake(gather.out)
     dim = gather.dim
 
-    def no(text: str, code: SkipCode = SkipCode.GATHER_UNSUPPORTED) -> Reason:
+    def no(text: str, code: RefusalCode = SpGatherCode.GATHER_UNSUPPORTED) -> Reason:
         return Reason(code, text)
 
     if not isinstance(dim, int) or isinstance(dim, bool):
         return no(f"gather dim {dim!r} is not a constant")
     if out is None:
-        return no("no fake tensor on the gathered output", SkipCode.NO_SHAPES)
+        return no("no fake tensor on the gathered output", SharedCode.NO_SHAPES)
     if dim % max(out.dim(), 1) != 0:
-        return no(f"the all-gather is along dim {dim}, not 0 (rows)", SkipCode.GATHER_SPLIT)
+        return no(f"the all-gather is along dim {dim}, not 0 (rows)", SpGatherCode.GATHER_SPLIT)
     ws = static_int(gather.world_size) if not isinstance(gather.world_size, bool) else None
     if ws is None or ws < 1:
         return no(f"world size {gather.world_size!r} is not a constant the pass can read")
@@ -72,21 +86,21 @@ def gathered_shapes_reason(quant: QuantMatch, codes_out: fx.Node, scales_out: fx
     """The gathered codes must read as fp8 `[W*M, K]`; gathered row-major scales as `[W*M, K/32]`."""
     x, codes, scales = fake(quant.x), fake(codes_out), fake(scales_out)
     if codes is None or scales is None:
-        return Reason(SkipCode.NO_SHAPES, "no fake tensor on the gathered codes or scales")
+        return Reason(SharedCode.NO_SHAPES, "no fake tensor on the gathered codes or scales")
     m, k = x.shape
     rows_ok = codes.dim() == 2 and statically_known_true(codes.shape[0] == ws * m)
     if codes.dtype != FP8_DTYPE or not rows_ok or codes.shape[1] != k:
         return Reason(
-            SkipCode.GATHERED_SHAPES,
+            SpGatherCode.GATHERED_SHAPES,
             f"gathered codes are {tuple(codes.shape)} {codes.dtype}, not float8_e4m3fn [{ws}*{m}, {k}]",
         )
     if not quant.swizzled and (scales.dim() != 2 or not statically_known_true(scales.shape[0] == ws * m)):
         return Reason(
-            SkipCode.GATHERED_SHAPES,
+            SpGatherCode.GATHERED_SHAPES,
             f"gathered row-major scales are {tuple(scales.shape)}, not [{ws}*{m}, {scale_columns(k)}]",
         )
     if quant.swizzled and scales.dim() not in (1, 2):
-        return Reason(SkipCode.GATHERED_SHAPES, f"gathered swizzled scales are {scales.dim()}-D")
+        return Reason(SpGatherCode.GATHERED_SHAPES, f"gathered swizzled scales are {scales.dim()}-D")
     return None
 
 

@@ -12,6 +12,8 @@ Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
 - `M = w.float() + 1.0` (or `1.0 + w`, `w` bf16/fp16 or an fp32 parameter): weight `w`,
   offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0;
   or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0.
+- `normed` may also be `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
+  of channels, recognized only to be reported (`SharedCode.NORM_GROUPED`).
 
 Every one of these computes what the fused op computes up to the reduction order (the
 foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier
@@ -27,11 +29,12 @@ import torch
 from torch import fx
 
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call
-from mxfuse.patterns.results import Reason, SkipCode
+from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default
 _MODEL_DTYPES = (torch.bfloat16, torch.float16)
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def match_hf(y: fx.Node, make_match):
@@ -41,14 +44,19 @@ def match_hf(y: fx.Node, make_match):
     product = y.args[0]
     if not _is_f32(product) or not is_call(product, aten.mul.Tensor) or len(product.args) != 2:
         return None
+    grouped = None
     for normed, multiplier in itertools.permutations(product.args):  # noqa: B007 - both used after the loop
         stats = _normalized(normed)
+        if stats is None:
+            stats, grouped = _grouped(normed)
         if stats is not None:
             break
     else:
         return None
     s32, eps = stats
     source = _norm_input(s32, y.args[1], {y, product, normed})
+    if source is not None and grouped is not None:
+        source["difference"] = grouped
     if source is None or fake(multiplier) is None:
         return None
     if _is_f32(multiplier):
@@ -86,6 +94,24 @@ def _normalized(node) -> tuple[fx.Node, float | fx.Node] | None:
         if eps is not None:
             return node.args[0], eps
     return None
+
+
+def _grouped(node) -> tuple[tuple[fx.Node, float | fx.Node] | None, Reason | None]:
+    """`((s32, eps), why)` of `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
+    of the channels (transformers' Qwen4-Exp `hc_norm`), which the fused op (one row) cannot compute."""
+    if not is_call(node, *_VIEWS) or not isinstance(node.args[0], fx.Node):
+        return None, None
+    stats = _normalized(node.args[0])
+    if stats is None or not is_call(stats[0], *_VIEWS) or not isinstance(stats[0].args[0], fx.Node):
+        return None, None
+    full, groups, out = fake(stats[0].args[0]), fake(stats[0]), fake(node)
+    if full is None or groups is None or out is None or groups.dim() != full.dim() + 1:
+        return None, None
+    if out.shape != full.shape or groups.shape[:-2] != full.shape[:-1]:
+        return None, None
+    k, size = full.shape[-1], groups.shape[-1]
+    text = f"it normalizes groups of {size} of its {k} channels, not the whole row (a grouped norm)"
+    return (stats[0].args[0], stats[1]), Reason(SharedCode.NORM_GROUPED, text)
 
 
 def _variance_eps(node, s32) -> float | fx.Node | None:
@@ -137,7 +163,7 @@ def _norm_input(s32: fx.Node, dtype: torch.dtype, norm_nodes: set) -> dict | Non
         difference = None
         if others or len(rounded) > 1:
             difference = Reason(
-                SkipCode.NORM_ARITHMETIC,
+                SharedCode.NORM_ARITHMETIC,
                 "the fp32 sum `x.float() + residual.float()` is also read in fp32 "
                 f"(by {', '.join(o.name for o in others + rounded[1:])}); the fused op returns it rounded to {dtype}",
             )
@@ -184,7 +210,7 @@ def _model_dtype_multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
     if one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args):
         return m, 0.0, None
     text = f"the weight multiplier is `{m.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
 
 
 def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
@@ -198,18 +224,18 @@ def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
             if offset == 1.0:
                 return inner, 1.0, None
             text = f"the weight multiplier is `{offset:g} + w`, not Gemma's `1 + w`"
-            return inner, offset, Reason(SkipCode.NORM_ARITHMETIC, text)
+            return inner, offset, Reason(SharedCode.NORM_ARITHMETIC, text)
         scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
         if len(scalars) == 1:
             text = (
                 f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
                 "makes a float that is not a literal a graph input); the fused op takes a constant offset"
             )
-            return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+            return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
     if m.op == "get_attr":
         return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
     if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
         return _model_dtype_multiplier(inner)  # `(1 + w).float()`: the cast is exact
     text = f"the weight multiplier is `{inner.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SkipCode.NORM_ARITHMETIC, text)
+    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)

@@ -25,43 +25,58 @@ and the fix where there is one.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx
 
 from mxfuse.ops.reference import QuantRule
 from mxfuse.patterns.fx_utils import call, fake, getitem, has_live_users, redirect_uses, source_line
-from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
-from mxfuse.patterns.quants import (
-    ViewedQuant,
-    quant_behind_other_view,
-    quant_reject_reason,
-    quants_through_views,
-    replay_views,
-)
-from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
-from mxfuse.patterns.torchao_quant import TorchaoQuantMatch, torchao_quant_users
-
-if TYPE_CHECKING:
-    from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.norms import NormMatch, find_norms, reject_reason
+from mxfuse.patterns.quants import ViewedQuant, quant_behind_other_view, quant_reject_reason, quants_through_views
+from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, SharedCode, Skip
 
 NAME = "norm_quant"
 log = logging.getLogger("mxfuse")
 
-FIXES = {
-    SkipCode.ACTIVATION_DTYPE: "run the model in bfloat16 or float16",
-    SkipCode.HIDDEN_SIZE: "keep the hidden size static (and a multiple of 32)",
-    SkipCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
-    SkipCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
-    SkipCode.NORM_ARITHMETIC: "compute `(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).to(dtype)` "
+
+class NormQuantCode(RefusalCode):
+    """Refusals of rewrite 1 of its own (the norm and quant guards it shares are :class:`SharedCode`)."""
+
+    CROSSES_GATHER = "the output crosses an all-gather before the quant (sp_gather decides)"
+    VIEW_NOT_ROWS = "the output reaches the quant through a view that does not keep the rows whole"
+
+
+FIXES: dict[RefusalCode, str] = {
+    SharedCode.ACTIVATION_DTYPE: "run the model in bfloat16 or float16",
+    SharedCode.HIDDEN_SIZE: "keep the hidden size static (and a multiple of 32)",
+    SharedCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
+    SharedCode.EPS_INVALID: "give the norm a non-negative eps",
+    SharedCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
+    SharedCode.NORM_ARITHMETIC: "compute `(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).to(dtype)` "
     "as transformers' GemmaRMSNorm does, or call torch.ops.mxfuse.gemma_rmsnorm",
-    SkipCode.VIEW_NOT_ROWS: "quantize a view that keeps rows whole, e.g. `x.reshape(-1, K)`",
-    SkipCode.RESIDUAL_MISMATCH: "give the residual the input's shape and dtype",
+    NormQuantCode.VIEW_NOT_ROWS: "quantize a view that keeps rows whole, e.g. `x.reshape(-1, K)`",
+    SharedCode.RESIDUAL_MISMATCH: "give the residual the input's shape and dtype",
 }
 """The change that makes a norm fuse, per reason (a reason without an entry has no simple fix)."""
-_NOT_WARNED = (SkipCode.NO_QUANT, SkipCode.CROSSES_GATHER)  # nothing to fuse here / rewrite 2 reports it
+_NOT_WARNED = (SharedCode.NO_QUANT, NormQuantCode.CROSSES_GATHER)  # nothing to fuse here / rewrite 2 reports it
+
+
+@dataclass(frozen=True)
+class NormQuantKind:
+    """A norm and its quant(s) became one fused op (`str()`: `norm->quant_form_quant:layout[+y]`)."""
+
+    norm_kind: str
+    quant_form: str
+    layout: str  # "rowmajor" | "swizzled"
+    writes_y: bool
+    rewrite = NAME
+    fuses_norm = True
+    packed_gather = False
+
+    def __str__(self) -> str:
+        return f"{self.norm_kind}->{self.quant_form}_quant:{self.layout}{'+y' if self.writes_y else ''}"
 
 
 @dataclass(frozen=True)
@@ -82,77 +97,66 @@ class NormQuantFusion:
         return [self.norm.y, *(q.quant.reads for q in self.quants)]
 
     @property
-    def kind(self) -> FusionKind:
-        return FusionKind(
-            rewrite=NAME,
-            norm_kind=self.norm.kind,
-            fuses_norm=True,
-            writes_y=self.emit_y,
-            packed_gather=False,
-            site="norm_quant",
-            layout="swizzled" if self.swizzled else "rowmajor",
-            quant_form=self.quants[0].quant.form,
-        )
+    def kind(self) -> NormQuantKind:
+        layout = "swizzled" if self.swizzled else "rowmajor"
+        return NormQuantKind(self.norm.kind, self.quants[0].quant.form, layout, self.emit_y)
 
 
 def skip(norm: NormMatch, reason: Reason) -> Skip:
-    return Skip(NAME, norm.y, norm.kind, reason.code, reason.text)
+    return Skip(NAME, norm.y, norm.kind, reason.code, reason.text, warn=_warning_line(norm, reason))
 
 
 class NormQuant:
-    """Rewrite 1 (see the module docstring)."""
+    """Rewrite 1 (see the module docstring); built by the pass only when `fuse_norm_quant` is on."""
 
     name = NAME
+    warning_head = "Gemma norm(s) feeding an MXFP8 quant not fused in this graph"
 
-    def plan(self, graph: fx.Graph, options: PassOptions) -> list[NormQuantFusion | Skip]:
+    def __init__(self):
+        self._moved: dict[fx.Node, fx.Node] = {}  # planned node -> what replaced it, in this run's applies
+
+    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[NormQuantFusion | Skip]:
         """Decide every rewrite without touching the graph."""
-        if not options.fuse_norm_quant:
-            return []
-        planned: list[NormQuantFusion | Skip] = []
-        unfused: list[tuple[NormMatch, Skip]] = []
-        for norm in find_norms(graph):
-            if not _is_dead(norm):  # else left behind by an earlier rewrite; erased after the pass
-                planned.append(plan_site(NAME, norm.y, norm.kind, options, lambda norm=norm: plan_one(norm)))
-                if isinstance(planned[-1], Skip) and planned[-1].code not in _NOT_WARNED:
-                    unfused.append((norm, planned[-1]))
-        text = warning_text(unfused) if unfused else ""
-        if text:
-            log.warning("%s", text)
-        return planned
+        return [
+            plan_site(NAME, norm.y, norm.kind, lambda norm=norm: plan_one(norm))
+            for norm in find_norms(graph)
+            if not _is_dead(norm)  # else left behind by an earlier rewrite; erased after the pass
+        ]
 
-    def apply(self, graph: fx.Graph, fusion: NormQuantFusion, options: PassOptions) -> fx.Node | None:
-        """Insert the fused op and rewire the users; returns the fused node (None: no longer applies).
+    def apply(self, graph: fx.Graph, fusion: NormQuantFusion) -> fx.Node:
+        """Insert the fused op and rewire the users; returns the fused node.
 
-        The plan is re-derived from the graph first: an earlier fusion may have rewired
-        this norm's inputs (chained layers). Dead nodes stay; the pass erases them.
+        The norm's inputs are read through what earlier fusions of this run replaced (chained
+        layers: a norm's residual is the previous fused op's residual output). Dead nodes
+        stay; the pass erases them.
         """
-        found = match_norm(fusion.norm.y)
-        fusion = plan_one(found) if found is not None else None
-        if not isinstance(fusion, NormQuantFusion):
-            return None
-        norm = fusion.norm
-        rule = fusion.quants[0].quant.rule  # the encoding the matched quant uses
+        norm = moved(fusion.norm, self._moved)
+        rule = fusion.quants[0].quant.rule  # the encoding the matched quants use
         out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
-        codes, scales = out["codes"], out["scales"]
-        if fusion.quants[0].quant.flat_swizzled_scales:
-            with graph.inserting_after(scales):
-                scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
         k = fake(norm.x).shape[-1]
         for viewed in fusion.quants:
-            quant = viewed.quant
-            if isinstance(quant, TorchaoQuantMatch):  # its codes/scales need torchao's views and dtypes
-                quant.replace_outputs(graph, out["codes"], out["scales"])
-                continue
-            with graph.inserting_before(quant.node):  # the views' size operands are defined by now
-                if quant.codes is not None:
-                    _replace(quant.codes, replay_views(graph, viewed.views, codes, k))
-                if quant.scales is not None:
-                    rows = fusion.swizzled  # swizzled scales are 2-D over all rows: no view to replay
-                    _replace(quant.scales, scales if rows else replay_views(graph, viewed.views, scales, k // 32))
+            viewed.replace_outputs(graph, out["codes"], out["scales"], k)
         if fusion.emit_y:
             replaced = {q.quant.reads for q in fusion.quants}
             redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
+            self._moved[norm.y] = out["y"]
+        if "residual_out" in out:
+            self._moved[norm.residual_out] = out["residual_out"]
         return out["fused"]
+
+
+def moved(norm: NormMatch, replaced: Mapping[fx.Node, fx.Node]) -> NormMatch:
+    """`norm` with its inputs read through `replaced` (planned node -> the node now standing for it;
+    an entry whose node a rollback erased no longer holds)."""
+
+    def now(node):
+        new = replaced.get(node)
+        return node if new is None or getattr(new, "_erased", False) else new
+
+    x, residual = now(norm.x), now(norm.residual)
+    if x is norm.x and residual is norm.residual:
+        return norm
+    return replace(norm, x=x, residual=residual)
 
 
 def _is_dead(norm: NormMatch) -> bool:
@@ -161,7 +165,7 @@ def _is_dead(norm: NormMatch) -> bool:
 
 def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
     """The fusion of one norm with the quants reading it, or why not."""
-    viewed = quants_through_views(norm.y) + [ViewedQuant(q, ()) for q in torchao_quant_users(norm.y)]
+    viewed = quants_through_views(norm.y)
     reason = reject_reason(norm, runtime_eps=True)
     if reason is not None:
         return skip(norm, reason)
@@ -191,26 +195,16 @@ def _keeps_other_users(y: fx.Node, chosen: tuple[ViewedQuant, ...]) -> bool:
 
 def feeds_quant(norm: NormMatch) -> bool:
     """Whether an MXFP8 quant reads the norm's output, directly or through any view."""
-    return (
-        bool(quants_through_views(norm.y))
-        or bool(torchao_quant_users(norm.y))
-        or quant_behind_other_view(norm.y) is not None
-    )
+    return bool(quants_through_views(norm.y)) or quant_behind_other_view(norm.y) is not None
 
 
-def warning_text(unfused: list[tuple[NormMatch, Skip]]) -> str:
-    """The one warning of a graph: each Gemma norm that feeds an MXFP8 quant and was left alone."""
-    lines = []
-    for norm, skipped in unfused:
-        if not feeds_quant(norm):
-            continue
-        where = source_line(norm.y) or source_line(norm.anchor) or "(no source line recorded)"
-        fix = FIXES.get(skipped.code)
-        lines.append(f"  {where} [{norm.kind}]: {skipped.reason}" + (f"; fix: {fix}" if fix else ""))
-    if not lines:
-        return ""
-    head = f"mxfuse: {len(lines)} Gemma norm(s) feeding an MXFP8 quant not fused in this graph:"
-    return "\n".join([head, *lines])
+def _warning_line(norm: NormMatch, reason: Reason) -> str | None:
+    """This norm's line of the graph's one warning: it feeds an MXFP8 quant and was left alone."""
+    if reason.code in _NOT_WARNED or not feeds_quant(norm):
+        return None
+    where = source_line(norm.y) or source_line(norm.anchor) or "(no source line recorded)"
+    fix = FIXES.get(reason.code)
+    return f"  {where} [{norm.kind}]: {reason.text}" + (f"; fix: {fix}" if fix else "")
 
 
 def no_quant_reason(norm: NormMatch) -> Reason:
@@ -219,18 +213,18 @@ def no_quant_reason(norm: NormMatch) -> Reason:
     for user in norm.y.users:
         if match_all_gather(user) is not None:
             return Reason(
-                SkipCode.CROSSES_GATHER,
+                NormQuantCode.CROSSES_GATHER,
                 "its output crosses an all-gather before the quant (rewrite 2, sp_gather, decides)",
             )
     view = quant_behind_other_view(norm.y)
     if view is not None:
         shape = tuple(fake(view).shape) if fake(view) is not None else "?"
         return Reason(
-            SkipCode.VIEW_NOT_ROWS,
+            NormQuantCode.VIEW_NOT_ROWS,
             f"the MXFP8 quant reads its output through {view.name} ({view.target}, shape {shape}), "
             "a view that does not keep rows [K] whole",
         )
-    return Reason(SkipCode.NO_QUANT, "no MXFP8 quant reads its output")
+    return Reason(SharedCode.NO_QUANT, "no MXFP8 quant reads its output")
 
 
 def insert_fused_norm(
@@ -277,17 +271,3 @@ def insert_fused_norm(
     if norm.residual_out is not None:
         redirect_uses(norm.residual_out, out["residual_out"])
     return {"fused": fused, **out}
-
-
-def _replace(old: fx.Node | None, new: fx.Node):
-    if old is not None:
-        redirect_uses(old, new)
-
-
-def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16, device="cpu"):
-    """Small `(x, residual, weight, eps)` for building graphs of every form in tests."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
-    residual = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
-    weight = (0.1 * torch.randn(k, generator=g)).to(dtype=dtype, device=device)
-    return x, residual, weight, 1e-6

@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
 from mxfuse.patterns.hf_norm import match_hf
-from mxfuse.patterns.results import Reason, SkipCode
+from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -71,47 +71,49 @@ def reject_reason(norm: NormMatch, *, runtime_eps: bool = False) -> Reason | Non
         return norm.difference
     x = fake(norm.x)
     if x is None:
-        return Reason(SkipCode.NO_SHAPES, "no fake tensor on the norm input (graph not traced with shapes)")
+        return Reason(SharedCode.NO_SHAPES, "no fake tensor on the norm input (graph not traced with shapes)")
     if x.dtype not in (torch.bfloat16, torch.float16):
         return Reason(
-            SkipCode.ACTIVATION_DTYPE, f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
+            SharedCode.ACTIVATION_DTYPE, f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
         )
     k = x.shape[-1]
     if not statically_known_true(k % BLOCK == 0):
         text = (
             f"hidden size K={k} is not a multiple of {BLOCK}" if isinstance(k, int) else f"hidden size {k} is symbolic"
         )
-        return Reason(SkipCode.HIDDEN_SIZE, text)
+        return Reason(SharedCode.HIDDEN_SIZE, text)
     eps_reason = _eps_reason(norm.eps, runtime_eps)
     if eps_reason is not None:
         return eps_reason
     w = fake(norm.weight)
     if w is None or w.dim() != 1 or not statically_known_true(w.shape[0] == k):
-        return Reason(SkipCode.WEIGHT_SHAPE, f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)")
+        return Reason(SharedCode.WEIGHT_SHAPE, f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)")
     if norm.residual is not None:
         r = fake(norm.residual)
         if r is None or r.dtype != x.dtype or not same_shape(r.shape, x.shape):
-            return Reason(SkipCode.RESIDUAL_MISMATCH, "residual does not match the input in shape and dtype")
+            return Reason(SharedCode.RESIDUAL_MISMATCH, "residual does not match the input in shape and dtype")
     if x.device != w.device:
-        return Reason(SkipCode.DEVICE_MISMATCH, f"input on {x.device}, weight on {w.device}")
+        return Reason(SharedCode.DEVICE_MISMATCH, f"input on {x.device}, weight on {w.device}")
     return None
 
 
 def _eps_reason(eps, runtime_eps: bool) -> Reason | None:
     if isinstance(eps, float):
+        if not eps >= 0:  # the fused ops refuse it (it is added to the mean square before the rsqrt)
+            return Reason(SharedCode.EPS_INVALID, f"eps={eps} is not a valid norm epsilon; left unfused")
         return None
     what = "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
     if eps is None:
-        return Reason(SkipCode.EPS_NOT_CONSTANT, what)
+        return Reason(SharedCode.EPS_NOT_CONSTANT, what)
     val = fake(eps)
     if not runtime_eps:
-        return Reason(SkipCode.EPS_NOT_CONSTANT, f"{what}; this rewrite's fused op takes a constant eps")
+        return Reason(SharedCode.EPS_NOT_CONSTANT, f"{what}; this rewrite's fused op takes a constant eps")
     if val is None or val.dim() != 0 or not val.is_floating_point():
         shape = None if val is None else tuple(val.shape)
-        return Reason(SkipCode.EPS_NOT_CONSTANT, f"eps is a tensor of shape {shape}, not a 0-d float scalar")
+        return Reason(SharedCode.EPS_NOT_CONSTANT, f"eps is a tensor of shape {shape}, not a 0-d float scalar")
     if val.device.type != "cpu":
         text = f"eps is a 0-d tensor on {val.device}; the fused op reads a runtime eps on the host"
-        return Reason(SkipCode.EPS_NOT_CONSTANT, text)
+        return Reason(SharedCode.EPS_NOT_CONSTANT, text)
     return None
 
 

@@ -1,16 +1,64 @@
-"""Recognizers for MXFP8 activation-quantization nodes: mxfuse's op and vLLM's."""
+"""Recognizers for MXFP8 activation quantization, behind one :class:`QuantSite` protocol.
+
+Forms: mxfuse's and vLLM's quant ops (:class:`QuantMatch`, one node each) and torchao's
+decomposed quant (:class:`~mxfuse.patterns.torchao_quant.TorchaoQuantMatch`, a chain of
+ATen nodes). :func:`find_quants` and :func:`quant_users` try every recognizer in
+`RECOGNIZERS`; every rewrite and `mxfuse explain` read quants through them, and a rewrite
+that cannot take a form refuses it with a code.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
 from mxfuse.ops.reference import QuantRule
-from mxfuse.patterns.fx_utils import fake, has_live_users, is_call, single_getitem
-from mxfuse.patterns.results import Reason, SkipCode
+from mxfuse.patterns.fx_utils import call, fake, has_live_users, is_call, redirect_uses, single_getitem
+from mxfuse.patterns.results import Reason, SharedCode
+from mxfuse.patterns.torchao_quant import match_torchao_quant, torchao_heads, torchao_quant_users
+
+
+class QuantSite(Protocol):
+    """An MXFP8 quant in a graph, in the terms a fused op's outputs replace it by.
+
+    form: "mxfuse" | "vllm" | "torchao"; node: the quant's anchor (its op node, or torchao's
+    `[M, K/32, 32]` head); x: the quantized activation; reads: the user of `x` the quant reads
+    it through; swizzled: it asked for F8_128x4 scales; rule: its NaN / scale-byte-0 encoding;
+    codes / scales: the nodes its readers read (None: not read).
+    """
+
+    @property
+    def form(self) -> str: ...
+
+    @property
+    def node(self) -> fx.Node: ...
+
+    @property
+    def x(self) -> fx.Node: ...
+
+    @property
+    def reads(self) -> fx.Node: ...
+
+    @property
+    def swizzled(self) -> bool: ...
+
+    @property
+    def rule(self) -> QuantRule: ...
+
+    @property
+    def codes(self) -> fx.Node | None: ...  # the node the quant's readers read its codes from
+
+    @property
+    def scales(self) -> fx.Node | None: ...
+
+    def replace_outputs(self, graph: fx.Graph, codes: fx.Node, scales: fx.Node) -> None:
+        """Point the quant's readers at `codes` (e4m3, the shape of `x`) and `scales` (uint8: `[..., K/32]`
+        of x's rows, or `[pad128(M), pad4(K/32)]` when swizzled), with the views and dtypes they expect."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +78,15 @@ class QuantMatch:
     def reads(self) -> fx.Node:
         """The node through which the quant reads its input (the quant node itself here)."""
         return self.node
+
+    def replace_outputs(self, graph: fx.Graph, codes: fx.Node, scales: fx.Node) -> None:
+        if self.scales is not None and self.flat_swizzled_scales:
+            with graph.inserting_after(scales):
+                scales = call(graph, torch.ops.aten.view.default, (scales, [-1]))
+        if self.codes is not None:
+            redirect_uses(self.codes, codes)
+        if self.scales is not None:
+            redirect_uses(self.scales, scales)
 
 
 def _vllm_quant_op():
@@ -51,18 +108,19 @@ def match_quant(node: fx.Node) -> QuantMatch | None:
     return None
 
 
-def quant_reject_reason(quant: QuantMatch) -> Reason | None:
+def quant_reject_reason(quant: QuantSite) -> Reason | None:
     """Why the fused op's outputs cannot replace this quant's (None: they can)."""
     x = fake(quant.x)
     if quant.form != "vllm" or x is None:
         return None
-    alignment = get_arg_value(quant.node, 2, "alignment")
+    alignment = get_arg_value(quant.node, 2, "alignment")  # vLLM's op: a QuantMatch
     alignment = 0 if alignment is None else alignment
     if not isinstance(alignment, int) or (alignment > 0 and x.shape[-1] % alignment):
-        return Reason(SkipCode.QUANT_UNSUPPORTED, f"vLLM quant pads K={x.shape[-1]} to alignment {alignment}")
+        return Reason(SharedCode.QUANT_UNSUPPORTED, f"vLLM quant pads K={x.shape[-1]} to alignment {alignment}")
     if quant.swizzled and x.dim() != 2:
         return Reason(
-            SkipCode.QUANT_UNSUPPORTED, "vLLM swizzles the scales of a 3-D input per batch; the fused op tiles all rows"
+            SharedCode.QUANT_UNSUPPORTED,
+            "vLLM swizzles the scales of a 3-D input per batch; the fused op tiles all rows",
         )
     return None
 
@@ -74,16 +132,36 @@ def quant_ops() -> list:
     return ops + ([vllm_op] if vllm_op is not None else [])
 
 
-def find_quants(graph: fx.Graph) -> list[QuantMatch]:
-    """Every MXFP8 quant of the graph, in graph order."""
+RECOGNIZERS = (match_quant, match_torchao_quant)
+"""Each anchored at its quant's `node`; a new quant form adds its recognizer here."""
+
+
+def match_any_quant(node: fx.Node) -> QuantSite | None:
+    """The quant of any form anchored at `node`, or None."""
+    for recognize in RECOGNIZERS:
+        found = recognize(node)
+        if found is not None:
+            return found
+    return None
+
+
+def find_quants(graph: fx.Graph) -> list[QuantSite]:
+    """Every MXFP8 quant of the graph, of every form, in graph order."""
     found = {n for op in quant_ops() for n in graph.find_nodes(op="call_function", target=op)}
-    return [match_quant(n) for n in graph.nodes if n in found]
+    found |= set(torchao_heads(graph))
+    quants = (match_any_quant(n) for n in graph.nodes if n in found)
+    return [q for q in quants if q is not None]
 
 
-def quant_users(node: fx.Node) -> list[QuantMatch]:
-    """The quant nodes that read `node`, in graph order."""
+def _op_quant_users(node: fx.Node) -> list[QuantMatch]:
     found = (match_quant(u) for u in node.users)
     return [q for q in found if q is not None and q.x is node and has_live_users(q.node)]
+
+
+def quant_users(node: fx.Node) -> list[QuantSite]:
+    """The quants of every form that read `node` (torchao's through its own reshapes): op quants
+    first, in graph order, then torchao's."""
+    return [*_op_quant_users(node), *torchao_quant_users(node)]
 
 
 # ------------------------------------------------------- through shape-only views
@@ -108,8 +186,17 @@ _OTHER_VIEWS = (
 class ViewedQuant:
     """A quant reading `node` through `views` (node -> views[0] -> ... -> quant.x), all row views."""
 
-    quant: QuantMatch
+    quant: QuantSite
     views: tuple[fx.Node, ...]
+
+    def replace_outputs(self, graph: fx.Graph, codes: fx.Node, scales: fx.Node, k: int) -> None:
+        """`quant.replace_outputs` with the views replayed on `codes` and row-major `scales` (of the
+        viewed tensor's rows): swizzled scales are 2-D over all rows, no view to replay."""
+        with graph.inserting_before(self.quant.node):  # the views' size operands are defined by now
+            codes = replay_views(graph, self.views, codes, k)
+            if not self.quant.swizzled:
+                scales = replay_views(graph, self.views, scales, k // 32)
+        self.quant.replace_outputs(graph, codes, scales)
 
 
 def is_row_view(view: fx.Node) -> bool:
@@ -134,8 +221,6 @@ def is_row_view(view: fx.Node) -> bool:
 
 def replay_views(graph: fx.Graph, views: tuple[fx.Node, ...], src: fx.Node, last_size: int) -> fx.Node:
     """Apply the row views `views` to `src` (same rows, last size `last_size`) at the insert point."""
-    from mxfuse.patterns.fx_utils import call
-
     for view in views:
         rest = list(view.args[1:])
         if view.target in _RESHAPES:
@@ -145,18 +230,20 @@ def replay_views(graph: fx.Graph, views: tuple[fx.Node, ...], src: fx.Node, last
 
 
 def quants_through_views(node: fx.Node) -> list[ViewedQuant]:
-    """The quants that read `node` directly or through row views, in graph order."""
+    """The quants that read `node` directly or through row views: op quants in graph order, then
+    torchao's (which read through reshapes of their own)."""
     found: list[ViewedQuant] = []
     work: list[tuple[fx.Node, tuple[fx.Node, ...]]] = [(node, ())]
     while work:
         current, views = work.pop()
-        for q in quant_users(current):
+        for q in _op_quant_users(current):
             found.append(ViewedQuant(q, views))
         for user in current.users:
             if is_row_view(user):
                 work.append((user, (*views, user)))
     order = {n: i for i, n in enumerate(node.graph.nodes)}
-    return sorted(found, key=lambda v: order[v.quant.node])
+    found.sort(key=lambda v: order[v.quant.node])
+    return found + [ViewedQuant(q, ()) for q in torchao_quant_users(node)]
 
 
 def quant_behind_other_view(node: fx.Node) -> fx.Node | None:

@@ -1,136 +1,94 @@
-"""Typed results of the rewrites: what a fusion is, why a site was left alone, the rewrite interface.
+"""The contract between the rewrites and the pass: kinds, refusal codes, skips, the `Rewrite` interface.
 
-Readers (the pass report, `mxfuse explain`, the CLI) use these fields; the strings
-(`str(FusionKind)`, `SkipRecord.reason`) are for people and the JSON report only,
-never parsed back.
+Each rewrite module owns its kind type (a frozen dataclass implementing
+:class:`FusionKind`, whose `str()` is the report's kind string) and its refusal codes
+(a :class:`RefusalCode` enum); guards shared by several rewrites return
+:class:`SharedCode` members. Readers (the pass report, `mxfuse explain`, the CLI) use
+the typed fields; the strings (`str(kind)`, `Skip.reason`) are for people and the JSON
+report only, never parsed back.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from torch import fx
 
-if TYPE_CHECKING:
-    from mxfuse.passes.options import PassOptions
-
-log = logging.getLogger("mxfuse")
 T = TypeVar("T")
 
 
-@functools.total_ordering
-@dataclass(frozen=True)
-class FusionKind:
-    """What one applied rewrite did; `str()` is the kind string of the report (`a->b:c`).
+class Scope(enum.Enum):
+    """What a refusal leaves alone: one site (a norm or a quant input), or the whole graph."""
 
-    rewrite: "norm_quant" | "sp_gather" | ... (the rewrite's `name`).
-    norm_kind: the norm's form and variant ("mxfuse:fused_add", "hf:plain", ...); None: no norm.
-    fuses_norm: the norm went into a fused kernel.
-    writes_y: the norm's bf16 output still goes to memory (emitted, kept, or gathered in bf16).
-    packed_gather: an all-gather carries the packed MXFP8 buffer `[M, K + K/32]`.
-    quant_form: the quant op replaced ("mxfuse" | "vllm"); layout: "rowmajor" | "swizzled" |
-    "rowmajor+swizzled"; gather_form: the collective family ("c10d" | "vllm");
-    site: which form of its rewrite matched ("norm_quant"; sp_gather: "norm_gather",
-    "repair" (swizzled codes/scales gathered), "two_gathers" (row-major, two collectives)).
-    """
-
-    rewrite: str
-    norm_kind: str | None
-    fuses_norm: bool
-    writes_y: bool
-    packed_gather: bool
-    site: str
-    layout: str = "rowmajor"
-    quant_form: str | None = None
-    gather_form: str | None = None
-    keeps_bf16_gather: bool = False
-    padded: bool = False
-
-    def __str__(self) -> str:
-        if self.site == "sequence_parallel":
-            return f"sequence_parallel:{self.gather_form}_all_reduce->reduce_scatter{'+pad' if self.padded else ''}"
-        if self.site == "norm_quant":
-            return f"{self.norm_kind}->{self.quant_form}_quant:{self.layout}{'+y' if self.writes_y else ''}"
-        if self.site == "norm_gather":
-            src = self.norm_kind if self.fuses_norm else f"{self.norm_kind}(unfused)"
-            extra = "+bf16_gather" if self.keeps_bf16_gather else ""
-            return f"{src}->{self.gather_form}_gather:mxfp8_packed:{self.layout}{extra}"
-        what = "repair:swizzled" if self.site == "repair" else "two_gathers:rowmajor"
-        return f"{what}:{self.gather_form}_gather->{'mxfp8_packed' if self.packed_gather else 'bf16_gather'}"
-
-    def __lt__(self, other: FusionKind) -> bool:
-        return str(self) < str(other)
+    SITE = "site"
+    GRAPH = "graph"  # the skip names an all-reduce; nothing of the graph was rewritten by that rewrite
 
 
-class SkipCode(enum.Enum):
-    """Why a rewrite left a site alone (the reason text beside it says it for people)."""
+class RefusalCode(enum.Enum):
+    """Base of every rewrite's refusal codes: a member's value says it in a few words; `scope` says
+    what it leaves alone (a rewrite whose refusals cover the graph overrides it)."""
 
     @property
-    def whole_graph(self) -> bool:
-        """The rewrite left the whole graph alone (the node is an all-reduce, not a norm or a quant input)."""
-        return self in WHOLE_GRAPH
+    def scope(self) -> Scope:
+        return Scope.SITE
+
+
+class SharedCode(RefusalCode):
+    """Refusals of guards several rewrites share (the norm and quant checks, a failing site)."""
 
     NO_SHAPES = "no fake tensor (graph not traced with shapes)"
     ACTIVATION_DTYPE = "activation dtype the fused kernels do not take"
     HIDDEN_SIZE = "hidden size symbolic or not a multiple of 32"
     EPS_NOT_CONSTANT = "eps is not a graph constant"
+    EPS_INVALID = "eps is negative or NaN"
     WEIGHT_SHAPE = "weight is not [K]"
     RESIDUAL_MISMATCH = "residual differs from the input in shape or dtype"
     DEVICE_MISMATCH = "input and weight on different devices"
-    NO_QUANT = "no MXFP8 quant reads the output"
-    CROSSES_GATHER = "the output crosses an all-gather before the quant (sp_gather decides)"
-    QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
-    NOT_ROWS = "not 2-D rows [M, K]"
-    GATHER_UNSUPPORTED = "an all-gather the rewrite cannot read (dim, constants, row count)"
-    GATHER_SPLIT = "the all-gather is along a dim other than 0"
-    MODE_KEEPS = "the sp_gather option keeps this form"
-    SHAPE_READS = "shape reads that a packed gather would change"
-    OTHER_USERS = "other users of a tensor the rewrite would replace"
-    PARTIAL_GATHER = "only one of codes/scales crosses an all-gather"
-    GROUP_MISMATCH = "codes and scales gathered by different groups or families"
-    GATHERED_SHAPES = "gathered codes/scales of unexpected shape"
-    # sequence_parallel decides for the whole graph (see WHOLE_GRAPH); the skip names an all-reduce
-    ALL_REDUCE_FORM = "an all-reduce that is not a sum over a constant group of 2-D token rows"
-    ALL_REDUCE_GROUPS = "all-reduces over more than one group or family"
-    WORLD_SIZE_UNKNOWN = "the group's world size is unknown, or 1"
-    ROWS_DIFFER = "an input to shard is not 2-D with the all-reduce's token rows"
-    ALL_REDUCE_NO_NORM = "an all-reduce feeds no Gemma norm"
-    NORM_IN_PLACE = "a norm reading an all-reduce is in place (auto_functionalized)"
-    SWIZZLED_PADDED = "swizzled scales of rows that may be padded"
-    UNGATHERABLE = "a value read outside the local rows has no tensor to gather"
-    REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
-    VIEW_NOT_ROWS = "the output reaches the quant through a view that does not keep the rows whole"
+    NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    NO_QUANT = "no MXFP8 quant reads the output"
+    QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
+    REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
 
 
 @dataclass(frozen=True)
 class Reason:
     """A refusal from a guard: its code and the text for people."""
 
-    code: SkipCode
+    code: RefusalCode
     text: str
 
     def prefixed(self, prefix: str) -> Reason:
         return Reason(self.code, f"{prefix}{self.text}")
 
 
-WHOLE_GRAPH = frozenset(
-    {
-        SkipCode.ALL_REDUCE_FORM,
-        SkipCode.ALL_REDUCE_GROUPS,
-        SkipCode.WORLD_SIZE_UNKNOWN,
-        SkipCode.ROWS_DIFFER,
-        SkipCode.ALL_REDUCE_NO_NORM,
-        SkipCode.NORM_IN_PLACE,
-        SkipCode.SWIZZLED_PADDED,
-        SkipCode.UNGATHERABLE,
-    }
-)
+@runtime_checkable
+class FusionKind(Protocol):
+    """What one applied rewrite did, as the report counts it (`str()`: the kind string).
+
+    rewrite: the rewrite's `name`; norm_kind: the norm's form and variant ("mxfuse:fused_add",
+    "hf:plain", ...), None when no norm is involved; fuses_norm: the norm went into a fused
+    kernel; writes_y: the norm's bf16 output still goes to memory (emitted, kept, or gathered
+    in bf16); packed_gather: an all-gather carries the packed MXFP8 buffer `[M, K + K/32]`.
+    """
+
+    @property
+    def rewrite(self) -> str: ...
+
+    @property
+    def norm_kind(self) -> str | None: ...
+
+    @property
+    def fuses_norm(self) -> bool: ...
+
+    @property
+    def writes_y(self) -> bool: ...
+
+    @property
+    def packed_gather(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -138,14 +96,15 @@ class Skip:
     """A site a rewrite left alone, as planned (graph nodes; see :class:`SkipRecord`)."""
 
     rewrite: str
-    node: fx.Node  # the norm's output y, the quantized tensor (`quant_site`), or an all-reduce (`code.whole_graph`)
+    node: fx.Node  # the norm's output y, the quantized tensor (`quant_site`), or an all-reduce (scope GRAPH)
     norm_kind: str | None  # None: the site is a quant input that is not a recognized norm, or the whole graph
-    code: SkipCode
+    code: RefusalCode
     reason: str
+    warn: str | None = None  # the line this site adds to its rewrite's one warning for the graph (None: none)
 
     @property
     def quant_site(self) -> bool:
-        return self.norm_kind is None and not self.code.whole_graph
+        return self.norm_kind is None and self.code.scope is Scope.SITE
 
     def record(self) -> SkipRecord:
         return SkipRecord(self.rewrite, self.norm_kind, self.node.name, self.code, self.reason)
@@ -158,14 +117,18 @@ class SkipRecord:
     rewrite: str
     norm_kind: str | None
     node: str
-    code: SkipCode
+    code: RefusalCode
     reason: str
 
+    @property
+    def label(self) -> str:
+        """The norm kind, or the report's word for a site with no norm: "quant_input" / "whole_graph"."""
+        if self.norm_kind is not None:
+            return self.norm_kind
+        return "whole_graph" if self.code.scope is Scope.GRAPH else "quant_input"
+
     def as_dict(self) -> dict:
-        kind = self.norm_kind
-        if kind is None:  # no norm: a quant input, or the whole graph (the node is an all-reduce)
-            kind = "whole_graph" if self.code.whole_graph else "quant_input"
-        return {"rewrite": self.rewrite, "kind": kind, "node": self.node, "reason": self.reason}
+        return {"rewrite": self.rewrite, "kind": self.label, "node": self.node, "reason": self.reason}
 
 
 @runtime_checkable
@@ -182,28 +145,28 @@ class Fusion(Protocol):
     def replaced(self) -> list[fx.Node]: ...
 
 
+class PlanSite(Protocol):
+    """The pass's rule for planning one site: `plan()`, or a `Skip` of that site if it raises."""
+
+    def __call__(self, rewrite: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T]) -> T | Skip: ...
+
+
 class Rewrite(Protocol):
-    """A rewrite: plans every site without touching the graph, then applies one fusion at a time."""
+    """A rewrite, built with its configuration: plans every site without touching the graph, then
+    applies what was planned, one fusion at a time.
+
+    `plan` hands each site's decision to `plan_site` (the pass's try / strict / log rule);
+    `apply` rewrites the graph as planned (maps the planned nodes through what earlier sites of
+    the same run replaced) and returns None when the plan no longer holds. The pass builds the
+    rewrites afresh for each graph. `warning_head`: the first line of the one warning the pass
+    logs for the `Skip.warn` lines of this rewrite ("" when it never warns).
+    """
 
     name: str
+    warning_head: str
 
-    def plan(self, graph: fx.Graph, options: PassOptions) -> list[Fusion | Skip]: ...
+    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[Fusion | Skip]: ...
 
-    def apply(self, graph: fx.Graph, fusion: Fusion, options: PassOptions) -> fx.Node | None:
+    def apply(self, graph: fx.Graph, fusion: Fusion) -> fx.Node | None:
         """The node standing for the rewritten site; None when the plan no longer applies."""
         ...
-
-
-def plan_site(
-    rewrite: str, node: fx.Node, norm_kind: str | None, options: PassOptions, plan: Callable[[], T]
-) -> T | Skip:
-    """`plan()` for one site; an exception skips this site only (raised when `options.strict`)."""
-    try:
-        return plan()
-    except Exception as error:
-        if options.strict:
-            raise
-        what = f"{type(error).__name__}: {error}"
-        log.warning("mxfuse: pattern %s failed planning %s; that site left unchanged. %s", rewrite, node, what)
-        log.debug("mxfuse planning failure", exc_info=True)
-        return Skip(rewrite, node, norm_kind, SkipCode.REWRITE_FAILED, f"planning it failed ({what})")

@@ -38,7 +38,6 @@ and their fake values are re-derived on the local rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -49,7 +48,7 @@ from mxfuse.patterns.all_reduces import AllReduce, all_reduce_reason, is_all_red
 from mxfuse.patterns.fx_utils import call, fake, getitem_users, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.norms import NormMatch, find_norms
 from mxfuse.patterns.quants import match_quant
-from mxfuse.patterns.results import FusionKind, Skip, SkipCode
+from mxfuse.patterns.results import PlanSite, RefusalCode, Scope, Skip
 from mxfuse.patterns.sp_emit import (
     Collectives,
     Rows,
@@ -62,12 +61,42 @@ from mxfuse.patterns.sp_emit import (
     row_nodes,
 )
 
-if TYPE_CHECKING:
-    from mxfuse.passes.options import PassOptions
-
 NAME = "sequence_parallel"
 aten = torch.ops.aten
 SUPPORTED_NORM_FORMS = ("mxfuse", "vllm_ir", "hf")  # one node (or ATen chain) whose inputs can be rewired
+
+
+class SequenceParallelCode(RefusalCode):
+    """Refusals of rewrite 0: each leaves the whole graph as it was (the skip names an all-reduce)."""
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.GRAPH
+
+    ALL_REDUCE_FORM = "an all-reduce that is not a sum over a constant group of 2-D token rows"
+    ALL_REDUCE_GROUPS = "all-reduces over more than one group or family"
+    WORLD_SIZE_UNKNOWN = "the group's world size is unknown, or 1"
+    ROWS_DIFFER = "an input to shard is not 2-D with the all-reduce's token rows"
+    ALL_REDUCE_NO_NORM = "an all-reduce feeds no Gemma norm"
+    NORM_IN_PLACE = "a norm reading an all-reduce is in place (auto_functionalized)"
+    SWIZZLED_PADDED = "swizzled scales of rows that may be padded"
+    UNGATHERABLE = "a value read outside the local rows has no tensor to gather"
+
+
+@dataclass(frozen=True)
+class SequenceParallelKind:
+    """The graph's all-reduces became reduce-scatters (`sequence_parallel:family_all_reduce->reduce_scatter[+pad]`)."""
+
+    family: str  # "c10d" | "vllm"
+    padded: bool
+    rewrite = NAME
+    norm_kind = None
+    fuses_norm = False
+    writes_y = False
+    packed_gather = False
+
+    def __str__(self) -> str:
+        return f"sequence_parallel:{self.family}_all_reduce->reduce_scatter{'+pad' if self.padded else ''}"
 
 
 @dataclass(frozen=True)
@@ -98,20 +127,11 @@ class SequenceParallelPlan:
         return Collectives(self.family, self.group_name, self.world_size)
 
     @property
-    def kind(self) -> FusionKind:
-        return FusionKind(
-            rewrite=NAME,
-            norm_kind=None,
-            fuses_norm=False,
-            writes_y=False,
-            packed_gather=False,
-            site="sequence_parallel",
-            gather_form=self.family,
-            padded=self.pad,
-        )
+    def kind(self) -> SequenceParallelKind:
+        return SequenceParallelKind(self.family, self.pad)
 
 
-def _skip(all_reduce: fx.Node, code: SkipCode, reason: str) -> Skip:
+def _skip(all_reduce: fx.Node, code: SequenceParallelCode, reason: str) -> Skip:
     """The whole graph left as it was: named by an all-reduce (the reason names the node at fault)."""
     return Skip(NAME, all_reduce, None, code, reason)
 
@@ -163,16 +183,18 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
         ar = match_all_reduce(start)
         reason = all_reduce_reason(ar)
         if reason is not None:
-            return _skip(start, SkipCode.ALL_REDUCE_FORM, reason)
+            return _skip(start, SequenceParallelCode.ALL_REDUCE_FORM, reason)
         ars.append(ar)
     groups = {(ar.family, ar.group_name) for ar in ars}
     if len(groups) != 1:
-        return _skip(ars[0].start, SkipCode.ALL_REDUCE_GROUPS, f"all_reduces over several groups {sorted(groups)}")
+        return _skip(
+            ars[0].start, SequenceParallelCode.ALL_REDUCE_GROUPS, f"all_reduces over several groups {sorted(groups)}"
+        )
     family, group = groups.pop()
     world = world_size_of(graph, family, group)
     if world is None or world < 2:
         why = "unknown (no collective or process group carries it)" if world is None else f"{world}: nothing to shard"
-        return _skip(ars[0].start, SkipCode.WORLD_SIZE_UNKNOWN, f"world size of group {group!r} {why}")
+        return _skip(ars[0].start, SequenceParallelCode.WORLD_SIZE_UNKNOWN, f"world size of group {group!r} {why}")
     rows = fake(ars[0].x).shape[0]
 
     sharded = {ar.out for ar in ars}
@@ -183,7 +205,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
         if norm.form not in SUPPORTED_NORM_FORMS:
             return _skip(
                 ars[0].start,
-                SkipCode.NORM_IN_PLACE,
+                SequenceParallelCode.NORM_IN_PLACE,
                 f"{norm.kind} norm {norm.y.name} reads an all-reduce; {norm.form} norms (in place, under "
                 "auto_functionalized) are not rewritten to local rows",
             )
@@ -194,7 +216,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
         if ar.out not in read_by_norm:
             return _skip(
                 ar.start,
-                SkipCode.ALL_REDUCE_NO_NORM,
+                SequenceParallelCode.ALL_REDUCE_NO_NORM,
                 f"all_reduce {ar.start.name} feeds no Gemma norm (e.g. an MoE or another reduction); "
                 "the graph keeps its all-reduces",
             )
@@ -206,7 +228,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
         if val is None or val.dim() != 2 or not statically_known_true(val.shape[0] == rows):
             shape = None if val is None else tuple(val.shape)
             text = f"{node.name} {shape} is not 2-D with the {rows} token rows"
-            return _skip(ars[0].start, SkipCode.ROWS_DIFFER, text)
+            return _skip(ars[0].start, SequenceParallelCode.ROWS_DIFFER, text)
     t = static_int(rows)
     pad = t is None or t % world != 0
     for node in [ar.out for ar in ars] + region_list:
@@ -214,12 +236,14 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
             if user.op == "output":
                 continue
             if fake(node) is None:
-                return _skip(ars[0].start, SkipCode.UNGATHERABLE, f"{node.name} has no tensor value to gather")
+                return _skip(
+                    ars[0].start, SequenceParallelCode.UNGATHERABLE, f"{node.name} has no tensor value to gather"
+                )
             quant = match_quant(user)
             if pad and quant is not None and quant.swizzled:
                 return _skip(
                     ars[0].start,
-                    SkipCode.SWIZZLED_PADDED,
+                    SequenceParallelCode.SWIZZLED_PADDED,
                     f"token count {rows} may not divide world size {world} and quant {user.name} asks for swizzled "
                     "scales (a padded gather's 128x4 tiles do not cut back to T rows)",
                 )
@@ -293,18 +317,21 @@ def _quant_on_padded(graph, quant: fx.Node, full_node, gathered, rows: Rows) -> 
 
 
 class SequenceParallelRewrite:
-    """Rewrite 0 (see the module docstring): one plan item per graph, a fusion or a whole-graph skip."""
+    """Rewrite 0 (see the module docstring; built by the pass only with `sequence_parallel=True`): one
+    plan item per graph, a fusion or a whole-graph skip."""
 
     name = NAME
+    warning_head = ""
 
-    def plan(self, graph: fx.Graph, options: PassOptions) -> list[SequenceParallelPlan | Skip]:
-        """Nothing unless `options.sequence_parallel`; else the whole-graph decision (none: no all-reduce)."""
-        if not options.sequence_parallel:
+    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[SequenceParallelPlan | Skip]:
+        """The whole-graph decision (none: no all-reduce)."""
+        starts = [n for n in graph.nodes if is_all_reduce(n)]
+        if not starts:
             return []
-        verdict = plan_graph(graph)
+        verdict = plan_site(NAME, starts[0], None, lambda: plan_graph(graph))
         return [] if verdict is None else [verdict]
 
-    def apply(self, graph: fx.Graph, fusion: SequenceParallelPlan, options: PassOptions) -> fx.Node | None:
+    def apply(self, graph: fx.Graph, fusion: SequenceParallelPlan) -> fx.Node | None:
         """Rewrite the whole graph as planned; returns the last reduce-scatter (None: the plan is stale)."""
         return _rewrite(graph, fusion)
 
@@ -312,6 +339,8 @@ class SequenceParallelRewrite:
 __all__ = [
     "NAME",
     "AllReduce",
+    "SequenceParallelCode",
+    "SequenceParallelKind",
     "SequenceParallelPlan",
     "SequenceParallelRewrite",
     "match_all_reduce",

@@ -53,27 +53,75 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
 
+from mxfuse.ops.reference import QuantRule
+from mxfuse.patterns import sp_gather_apply
 from mxfuse.patterns.collectives import GatherMatch, collective_ops, match_all_gather
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
-from mxfuse.patterns.gather_checks import gather_reason, gathered_shapes_reason, rows_reason, shape_reads
+from mxfuse.patterns.gather_checks import (
+    SpGatherCode,
+    gather_reason,
+    gathered_shapes_reason,
+    rows_reason,
+    shape_reads,
+)
+from mxfuse.patterns.norm_quant import moved
 from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
-from mxfuse.patterns.quants import QuantMatch, find_quants, quant_reject_reason, quant_users
-from mxfuse.patterns.results import FusionKind, Reason, Skip, SkipCode, plan_site
-
-if TYPE_CHECKING:
-    from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.quants import QuantMatch, QuantSite, find_quants, quant_reject_reason, quant_users
+from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, SharedCode, Skip
 
 NAME = "sp_gather"
+MODES = ("auto", "bf16", "mxfp8")
 
 aten = torch.ops.aten
 # single-input view ops that may sit between a quant output and its gather (either side)
 _SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.cat.default)
 _VIEWS = (aten.view.dtype, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default)
+
+
+def _layout(swizzled: bool) -> str:
+    return "swizzled" if swizzled else "rowmajor"
+
+
+@dataclass(frozen=True)
+class PackedGatherKind:
+    """Form A rewritten: `norm[(unfused)]->family_gather:mxfp8_packed:layouts[+bf16_gather]`."""
+
+    norm_kind: str
+    fuses_norm: bool
+    writes_y: bool
+    layout: str  # "rowmajor" | "swizzled" | "rowmajor+swizzled"
+    gather_form: str  # "c10d" | "vllm"
+    keeps_bf16_gather: bool
+    rewrite = NAME
+    packed_gather = True
+
+    def __str__(self) -> str:
+        src = self.norm_kind if self.fuses_norm else f"{self.norm_kind}(unfused)"
+        extra = "+bf16_gather" if self.keeps_bf16_gather else ""
+        return f"{src}->{self.gather_form}_gather:mxfp8_packed:{self.layout}{extra}"
+
+
+@dataclass(frozen=True)
+class GatheredQuantKind:
+    """Form B rewritten: `repair:swizzled` (swizzled codes/scales gathered) or `two_gathers:rowmajor`,
+    then `:family_gather->mxfp8_packed | bf16_gather`."""
+
+    norm_kind: str | None
+    fuses_norm: bool
+    writes_y: bool
+    packed_gather: bool
+    swizzled: bool
+    quant_form: str
+    gather_form: str
+    rewrite = NAME
+
+    def __str__(self) -> str:
+        what = "repair:swizzled" if self.swizzled else "two_gathers:rowmajor"
+        return f"{what}:{self.gather_form}_gather->{'mxfp8_packed' if self.packed_gather else 'bf16_gather'}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +130,7 @@ class PackedGather:
 
     norm: NormMatch
     gather: GatherMatch
-    quants: tuple[QuantMatch, ...]
+    quants: tuple[QuantSite, ...]
     fuse_norm: bool
     keep_bf16_gather: bool
 
@@ -96,19 +144,16 @@ class PackedGather:
         return [*kept, *(q.node for q in self.quants)]
 
     @property
-    def kind(self) -> FusionKind:
-        writes_y = not self.fuse_norm or self.keep_bf16_gather
-        writes_y = writes_y or any(u is not self.gather.start for u in self.norm.y.users)
-        return FusionKind(
-            rewrite=NAME,
-            norm_kind=self.norm.kind,
-            fuses_norm=self.fuse_norm,
-            writes_y=writes_y,
-            packed_gather=True,
-            site="norm_gather",
-            layout="+".join(sorted({"swizzled" if q.swizzled else "rowmajor" for q in self.quants})),
-            gather_form=self.gather.form,
-            keeps_bf16_gather=self.keep_bf16_gather,
+    def keep_y(self) -> bool:
+        """The norm's bf16 y is still needed: unfused, kept for the bf16 gather, or read elsewhere."""
+        others = any(u is not self.gather.start for u in self.norm.y.users)
+        return not self.fuse_norm or self.keep_bf16_gather or others
+
+    @property
+    def kind(self) -> PackedGatherKind:
+        layout = "+".join(sorted({_layout(q.swizzled) for q in self.quants}))
+        return PackedGatherKind(
+            self.norm.kind, self.fuse_norm, self.keep_y, layout, self.gather.form, self.keep_bf16_gather
         )
 
 
@@ -134,16 +179,14 @@ class GatheredQuant:
         return [self.quant.node, self.codes_gather.start, self.scales_gather.start]
 
     @property
-    def kind(self) -> FusionKind:
+    def kind(self) -> GatheredQuantKind:
         norm_kind = self.norm.kind if self.norm is not None else None
-        return FusionKind(
-            rewrite=NAME,
+        return GatheredQuantKind(
             norm_kind=norm_kind,
             fuses_norm=self.fuse_norm,
             writes_y=self.to == "bf16" or (norm_kind is not None and not self.fuse_norm),
             packed_gather=self.to == "mxfp8",
-            site="repair" if self.quant.swizzled else "two_gathers",
-            layout="swizzled" if self.quant.swizzled else "rowmajor",
+            swizzled=self.quant.swizzled,
             quant_form=self.quant.form,
             gather_form=self.codes_gather.form,
         )
@@ -154,47 +197,85 @@ def _skip(norm: NormMatch | None, node: fx.Node, reason: Reason) -> Skip:
     return Skip(NAME, node, norm.kind if norm is not None else None, reason.code, reason.text)
 
 
-def _can_fuse(norm: NormMatch | None, options: PassOptions) -> bool:
-    return norm is not None and options.fuse_norm_quant and reject_reason(norm) is None
+def packed_reason(quant: QuantSite) -> Reason | None:
+    """Why the packed gather's views cannot stand in for this quant's outputs (None: they can)."""
+    if quant.rule is not QuantRule.DEFAULT:
+        return Reason(
+            SharedCode.QUANT_UNSUPPORTED,
+            f"a {quant.form} quant across the all-gather: the packed ops encode NaN and scale byte 0 "
+            f"the default way, not as {quant.form} does ({quant.rule.name}); the gather stays as it is",
+        )
+    return None
 
 
 class SpGather:
-    """Rewrite 2 (see the module docstring)."""
+    """Rewrite 2 (see the module docstring), built with its mode and whether it may fuse the norm."""
 
     name = NAME
+    warning_head = ""
 
-    def plan(self, graph: fx.Graph, options: PassOptions) -> list[PackedGather | GatheredQuant | Skip]:
+    def __init__(self, mode: str = "auto", fuse_norm: bool = True):
+        if mode not in MODES:
+            raise ValueError(f"SpGather: mode {mode!r} is not one of {MODES}")
+        self.mode, self.fuse_norm = mode, fuse_norm
+        self._moved: dict[fx.Node, fx.Node] = {}  # planned node -> what replaced it, in this run's applies
+
+    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[PackedGather | GatheredQuant | Skip]:
         """Decide every rewrite without touching the graph."""
         if not any(graph.find_nodes(op="call_function", target=op) for op in collective_ops()):
             return []
         planned: list = []
         for quant in find_quants(graph):
             site = quant.x if isinstance(quant.x, fx.Node) else quant.node
-            verdict = plan_site(NAME, site, None, options, lambda q=quant: plan_gathered_quant(q, options))
+            verdict = plan_site(NAME, site, None, lambda q=quant: self.plan_gathered_quant(q))
             if verdict is not None:
                 planned.append(verdict)
         for norm in find_norms(graph):
             for user in list(norm.y.users):
                 gather = match_all_gather(user)
                 if gather is not None and gather.x is norm.y:
-                    plan = partial(plan_norm_gather, norm, gather, options)
-                    planned.append(plan_site(NAME, norm.y, norm.kind, options, plan))
+                    planned.append(plan_site(NAME, norm.y, norm.kind, partial(self.plan_norm_gather, norm, gather)))
         return planned
 
-    def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant, options: PassOptions) -> fx.Node | None:
+    def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant) -> fx.Node | None:
         """Rewrite one planned site; returns the new collective (None: the plan no longer applies)."""
-        from mxfuse.patterns import sp_gather_apply
-
         if isinstance(fusion, PackedGather):
-            return sp_gather_apply.apply_packed_gather(graph, fusion)
-        return sp_gather_apply.apply_gathered_quant(graph, fusion)
+            norm = moved(fusion.norm, self._moved)
+            if fusion.gather.start not in norm.y.users:
+                return None
+            done = sp_gather_apply.apply_packed_gather(
+                graph, norm, fusion.gather, fusion.quants, fusion.fuse_norm, fusion.keep_bf16_gather, fusion.keep_y
+            )
+        else:
+            norm = moved(fusion.norm, self._moved) if fusion.norm is not None and fusion.fuse_norm else None
+            done = sp_gather_apply.apply_gathered_quant(
+                graph,
+                fusion.quant,
+                norm,
+                (fusion.codes_gather, fusion.codes_out),
+                (fusion.scales_gather, fusion.scales_out),
+                fusion.to,
+            )
+        gathered, residual = done
+        if residual is not None and norm is not None and norm.residual_out is not None:
+            self._moved[norm.residual_out] = residual
+        return gathered
+
+    def _can_fuse(self, norm: NormMatch | None) -> bool:
+        return norm is not None and self.fuse_norm and reject_reason(norm) is None
+
+    def plan_norm_gather(self, norm: NormMatch, gather: GatherMatch) -> PackedGather | Skip:
+        """Form A: a norm whose output y is all-gathered, then quantized."""
+        return _plan_norm_gather(norm, gather, self.mode, self._can_fuse(norm))
+
+    def plan_gathered_quant(self, quant: QuantSite) -> GatheredQuant | Skip | None:
+        """Form B: a quant whose codes and scales cross all-gathers (None: not this form)."""
+        return _plan_gathered_quant(quant, self.mode, self._can_fuse)
 
 
-def plan_norm_gather(norm: NormMatch, gather: GatherMatch, options: PassOptions) -> PackedGather | Skip:
-    """Form A: a norm whose output y is all-gathered, then quantized."""
-    mode = options.sp_gather
+def _plan_norm_gather(norm: NormMatch, gather: GatherMatch, mode: str, can_fuse: bool) -> PackedGather | Skip:
 
-    def no(code: SkipCode, text: str) -> Skip:
+    def no(code: RefusalCode, text: str) -> Skip:
         return _skip(norm, norm.y, Reason(code, text))
 
     reason = rows_reason(fake(norm.y), "norm output") or gather_reason(gather)
@@ -204,28 +285,31 @@ def plan_norm_gather(norm: NormMatch, gather: GatherMatch, options: PassOptions)
     if not quants:
         if any(is_call(u, *_SPLITS) for u in gather.out.users):
             return no(
-                SkipCode.GATHER_SPLIT,
+                SpGatherCode.GATHER_SPLIT,
                 "the all-gather is followed by split/cat: a gather along a dim other than 0 (rows)",
             )
-        return no(SkipCode.NO_QUANT, "no MXFP8 quant reads the gathered rows")
-    usable = tuple(q for q in quants if quant_reject_reason(q) is None)
+        return no(SharedCode.NO_QUANT, "no MXFP8 quant reads the gathered rows")
+    usable = tuple(q for q in quants if quant_reject_reason(q) is None and packed_reason(q) is None)
     if not usable:
-        return _skip(norm, norm.y, quant_reject_reason(quants[0]))
+        return _skip(norm, norm.y, quant_reject_reason(quants[0]) or packed_reason(quants[0]))
     if mode == "bf16":
-        return no(SkipCode.MODE_KEEPS, "sp_gather='bf16': the gather carries bf16 and the quant runs after it (kept)")
+        return no(
+            SpGatherCode.MODE_KEEPS, "sp_gather='bf16': the gather carries bf16 and the quant runs after it (kept)"
+        )
     if shape_reads(gather, dims_other_than_0=True):
         return no(
-            SkipCode.SHAPE_READS, "a shape read of the gathered tensor along dim != 0 (its width changes when packed)"
+            SpGatherCode.SHAPE_READS,
+            "a shape read of the gathered tensor along dim != 0 (its width changes when packed)",
         )
-    served = {q.node for q in usable} | set(shape_reads(gather))
+    served = {q.reads for q in usable} | set(shape_reads(gather))
     others = [u for u in gather.out.users if u not in served]
     if others and mode == "auto":
         names = ", ".join(u.name for u in others[:3])
         return no(
-            SkipCode.OTHER_USERS,
+            SpGatherCode.OTHER_USERS,
             f"sp_gather='auto': the gathered bf16 has other users ({names}); it stays a bf16 gather",
         )
-    return PackedGather(norm, gather, usable, _can_fuse(norm, options), bool(others))
+    return PackedGather(norm, gather, usable, can_fuse, bool(others))
 
 
 def _through_views(node: fx.Node) -> fx.Node:
@@ -252,39 +336,33 @@ def gather_chain(node: fx.Node | None) -> tuple[GatherMatch, fx.Node] | None:
     return gather, _through_views(gather.out)
 
 
-def plan_gathered_quant(quant: QuantMatch, options: PassOptions) -> GatheredQuant | Skip | None:
-    """Form B: a quant whose codes and scales cross all-gathers (None: not this form)."""
+def _plan_gathered_quant(quant: QuantSite, mode: str, can_fuse) -> GatheredQuant | Skip | None:
     codes_chain, scales_chain = gather_chain(quant.codes), gather_chain(quant.scales)
     if codes_chain is None and scales_chain is None:
         return None
     norm = match_norm(quant.x) if isinstance(quant.x, fx.Node) else None
     site = norm.y if norm is not None else quant.x
     what = "swizzled" if quant.swizzled else "row-major"
+    if not isinstance(quant, QuantMatch):  # torchao's chain: its codes/scales gathered
+        text = f"a {quant.form} quant's codes/scales cross an all-gather; the rewrite repairs only quant ops"
+        return _skip(norm, site, Reason(SharedCode.QUANT_UNSUPPORTED, text))
     if codes_chain is None or scales_chain is None:
         text = f"only one of the {what} quant's codes/scales crosses an all-gather (or has other users)"
-        return _skip(norm, site, Reason(SkipCode.PARTIAL_GATHER, text))
+        return _skip(norm, site, Reason(SpGatherCode.PARTIAL_GATHER, text))
     (cg, codes_out), (sg, scales_out) = codes_chain, scales_chain
     reason = rows_reason(fake(quant.x), "quant input") or quant_reject_reason(quant)
     reason = reason or gather_reason(cg) or gather_reason(sg)
     if reason is None and (cg.form, cg.group_name, cg.world_size) != (sg.form, sg.group_name, sg.world_size):
         text = "codes and scales are gathered by different groups or collective families"
-        reason = Reason(SkipCode.GROUP_MISMATCH, text)
+        reason = Reason(SpGatherCode.GROUP_MISMATCH, text)
     if reason is None and (shape_reads(sg) or shape_reads(sg, True) or shape_reads(cg, True)):
-        reason = Reason(SkipCode.SHAPE_READS, "shape reads of the gathered scales (or of the codes along dim != 0)")
+        reason = Reason(SpGatherCode.SHAPE_READS, "shape reads of the gathered scales (or of the codes along dim != 0)")
     if reason is None:
         reason = gathered_shapes_reason(quant, codes_out, scales_out, static_int(cg.world_size))
     if reason is not None:
         return _skip(norm, site, reason.prefixed(f"{what} quant before an all-gather: "))
-    mode = options.sp_gather
     if mode == "bf16" and not quant.swizzled:
         text = "sp_gather='bf16': codes and row-major scales gathered separately are exact (kept)"
-        return _skip(norm, site, Reason(SkipCode.MODE_KEEPS, text))
+        return _skip(norm, site, Reason(SpGatherCode.MODE_KEEPS, text))
     to = "bf16" if mode == "bf16" else "mxfp8"
-    return GatheredQuant(quant, norm, cg, codes_out, sg, scales_out, to, _can_fuse(norm, options) and to == "mxfp8")
-
-
-def example_inputs(m: int = 4, k: int = 64, dtype=torch.bfloat16):
-    """Small `(x, residual, weight, eps)` local rows for tests (same as rewrite 1's)."""
-    from mxfuse.patterns.norm_quant import example_inputs as ex
-
-    return ex(m, k, dtype)
+    return GatheredQuant(quant, norm, cg, codes_out, sg, scales_out, to, can_fuse(norm) and to == "mxfp8")

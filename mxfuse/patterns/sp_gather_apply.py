@@ -1,4 +1,9 @@
-"""Rewrite 2's graph edits (:mod:`.sp_gather` plans them): the packed quant, the new gather, the views."""
+"""Rewrite 2's graph edits (:mod:`.sp_gather` plans them): the packed quant, the new gather, the views.
+
+Each function takes the planned nodes it edits, never the plan's types, so this module
+sits below :mod:`.sp_gather` (no cycle), and returns `(the new gathered node, the fused
+op's residual output or None)`.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,8 @@ from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import call, fake, getitem, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.gather_checks import shape_reads
 from mxfuse.patterns.norm_quant import insert_fused_norm
-from mxfuse.patterns.norms import NormMatch, match_norm
-from mxfuse.patterns.quants import match_quant
-from mxfuse.patterns.sp_gather import GatheredQuant, PackedGather
+from mxfuse.patterns.norms import NormMatch
+from mxfuse.patterns.quants import QuantMatch, QuantSite
 
 aten = torch.ops.aten
 
@@ -24,16 +28,17 @@ def _rewire_shape_reads(gather: GatherMatch, new: fx.Node):
         refresh_eager_input_vals(u)
 
 
-def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, fuse: bool, keep_y: bool) -> fx.Node:
-    """Insert the op that quantizes the local rows into a packed buffer; rewire the norm's outputs."""
+def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, keep_y: bool) -> tuple[fx.Node, fx.Node | None]:
+    """Insert the op that quantizes the local rows into a packed buffer (the norm fused when given);
+    rewire the norm's outputs. `(packed, the fused residual output or None)`."""
     mx = torch.ops.mxfuse
-    if not fuse:
+    if norm is None:
         with graph.inserting_after(x):
-            return call(graph, mx.mxfp8_quantize_packed.default, (x,))
+            return call(graph, mx.mxfp8_quantize_packed.default, (x,)), None
     out = insert_fused_norm(graph, norm, packed=True, emit_y=keep_y)
     if keep_y:
         redirect_uses(norm.y, out["y"])
-    return out["packed"]
+    return out["packed"], out.get("residual_out")
 
 
 def _new_gather(graph: fx.Graph, like: GatherMatch, x: fx.Node) -> fx.Node:
@@ -52,72 +57,74 @@ def _views(graph: fx.Graph, gathered: fx.Node, k: int) -> tuple[fx.Node, fx.Node
     return codes, scales
 
 
-def _scales_for(graph: fx.Graph, rowmajor: fx.Node, swizzled: bool, flat: bool, cache: dict) -> fx.Node:
-    key = (swizzled, flat)
-    if key not in cache:
-        node = rowmajor
-        if swizzled:
-            node = call(graph, torch.ops.mxfuse.mxfp8_swizzle_scales.default, (node,))
-            if flat:
-                node = call(graph, aten.view.default, (node, [-1]))
-        cache[key] = node
-    return cache[key]
+def _swizzled_for(graph: fx.Graph, rowmajor: fx.Node, swizzled: bool, cache: dict) -> fx.Node:
+    """The scales in the layout a quant asked for (one swizzle kernel per gather)."""
+    if swizzled and "swizzled" not in cache:
+        cache["swizzled"] = call(graph, torch.ops.mxfuse.mxfp8_swizzle_scales.default, (rowmajor,))
+    return cache["swizzled"] if swizzled else rowmajor
 
 
-def apply_packed_gather(graph: fx.Graph, action: PackedGather) -> fx.Node | None:
-    norm = match_norm(action.norm.y)
-    if norm is None or action.gather.start not in norm.y.users:
-        return None
-    gather = action.gather
+def apply_packed_gather(
+    graph: fx.Graph,
+    norm: NormMatch,
+    gather: GatherMatch,
+    quants: tuple[QuantSite, ...],
+    fuse_norm: bool,
+    keep_bf16_gather: bool,
+    keep_y: bool,
+) -> tuple[fx.Node, fx.Node | None]:
+    """Form A: the norm's rows quantized into one packed buffer, gathered once, viewed for `quants`."""
     k = static_int(fake(norm.y).shape[-1])
-    others = [u for u in norm.y.users if u is not gather.start]
-    packed = _emit_packed(graph, norm, norm.y, action.fuse_norm, action.keep_bf16_gather or bool(others))
+    packed, residual = _emit_packed(graph, norm if fuse_norm else None, norm.y, keep_y)
     with graph.inserting_before(gather.out):
         gathered = _new_gather(graph, gather, packed)
         codes, scales = _views(graph, gathered, k)
-        if not action.keep_bf16_gather:
+        if not keep_bf16_gather:
             _rewire_shape_reads(gather, gathered)
         cache: dict = {}
-        for q in action.quants:
-            if q.codes is not None:
-                redirect_uses(q.codes, codes)
-            if q.scales is not None:
-                redirect_uses(q.scales, _scales_for(graph, scales, q.swizzled, q.flat_swizzled_scales, cache))
-    return gathered
+        for q in quants:
+            q.replace_outputs(graph, codes, _swizzled_for(graph, scales, q.swizzled, cache))
+    return gathered, residual
 
 
-def apply_gathered_quant(graph: fx.Graph, action: GatheredQuant) -> fx.Node | None:
-    quant = match_quant(action.quant.node)
-    if quant is None:
-        return None
+def apply_gathered_quant(
+    graph: fx.Graph,
+    quant: QuantMatch,
+    norm: NormMatch | None,
+    codes_gathered: tuple[GatherMatch, fx.Node],
+    scales_gathered: tuple[GatherMatch, fx.Node],
+    to: str,
+) -> tuple[fx.Node, fx.Node | None]:
+    """Form B: codes and scales gathered apart become one packed gather (`to="mxfp8"`, the norm
+    fused when given) or a gather of the quant's input quantized after it (`to="bf16"`)."""
+    (codes_gather, codes_out), (_, scales_out) = codes_gathered, scales_gathered
     k = static_int(fake(quant.x).shape[-1])
-    swizzled = quant.swizzled
-    flat = fake(action.scales_out).dim() == 1
-    if action.to == "mxfp8":
-        norm = action.norm if action.fuse_norm else None
-        if norm is not None:
-            norm = match_norm(norm.y)
+    flat = fake(scales_out).dim() == 1
+    residual = None
+    if to == "mxfp8":
         if norm is not None:
             others = [u for u in norm.y.users if u is not quant.node]
-            packed = _emit_packed(graph, norm, norm.y, True, bool(others))
+            packed, residual = _emit_packed(graph, norm, norm.y, bool(others))
         else:
-            packed = _emit_packed(graph, None, quant.x, False, True)
-        with graph.inserting_before(action.codes_gather.start):
-            gathered = _new_gather(graph, action.codes_gather, packed)
-            codes, scales = _views(graph, gathered, k)
-            scales = _scales_for(graph, scales, swizzled, flat, {})
-        new_codes, new_scales = codes, scales
+            packed, _ = _emit_packed(graph, None, quant.x, True)
+        with graph.inserting_before(codes_gather.start):
+            gathered = _new_gather(graph, codes_gather, packed)
+            new_codes, new_scales = _views(graph, gathered, k)
+            if quant.swizzled:
+                new_scales = call(graph, torch.ops.mxfuse.mxfp8_swizzle_scales.default, (new_scales,))
+                if flat:
+                    new_scales = call(graph, aten.view.default, (new_scales, [-1]))
         result = gathered
     else:  # bf16: gather the quant's input, quantize after the gather with the quant's own op and flags
-        with graph.inserting_before(action.codes_gather.start):
-            gathered = _new_gather(graph, action.codes_gather, quant.x)
+        with graph.inserting_before(codes_gather.start):
+            gathered = _new_gather(graph, codes_gather, quant.x)
             new_quant = call(graph, quant.node.target, (gathered, *quant.node.args[1:]), dict(quant.node.kwargs))
             new_codes, new_scales = getitem(graph, new_quant, 0), getitem(graph, new_quant, 1)
-            if fake(new_scales).dim() != fake(action.scales_out).dim():  # flattened (or unflattened) around the gather
+            if fake(new_scales).dim() != fake(scales_out).dim():  # flattened (or unflattened) around the gather
                 shape = [-1] if flat else [-1, padded_scale_columns(k)]
                 new_scales = call(graph, aten.view.default, (new_scales, shape))
         result = new_quant
-    _rewire_shape_reads(action.codes_gather, new_codes)
-    redirect_uses(action.codes_out, new_codes)
-    redirect_uses(action.scales_out, new_scales)
-    return result
+    _rewire_shape_reads(codes_gather, new_codes)
+    redirect_uses(codes_out, new_codes)
+    redirect_uses(scales_out, new_scales)
+    return result, residual

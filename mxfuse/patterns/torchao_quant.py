@@ -53,10 +53,9 @@ class ScaleSpelling(enum.Enum):
 class TorchaoQuantMatch:
     """torchao's decomposed MXFP8 quant of `x`: what a fused norm+quant op must stand in for.
 
-    The fields `form`, `node`, `x`, `swizzled`, `codes`, `scales`, `flat_swizzled_scales`
-    mean what they mean in :class:`mxfuse.patterns.quants.QuantMatch`; `codes` / `scales`
-    are torchao's nodes (`[M, K]` e4m3, and `[M, K/32]` e8m0fnu or the flat blocked
-    e8m0fnu), so replace them with :meth:`replace_outputs`, not by a plain redirect.
+    A :class:`mxfuse.patterns.quants.QuantSite`; `codes` / `scales` are torchao's nodes
+    (`[M, K]` e4m3, and `[M, K/32]` e8m0fnu or the flat blocked e8m0fnu), replaced by
+    :meth:`replace_outputs`.
     """
 
     node: fx.Node  # the `[M, K/32, 32]` head of the chain (the chain is live while it is)
@@ -68,7 +67,6 @@ class TorchaoQuantMatch:
     spelling: ScaleSpelling
     rule: QuantRule = QuantRule.TORCHAO
     form: str = FORM
-    flat_swizzled_scales: bool = False  # replace_outputs flattens the blocked scales itself
 
     @property
     def kind(self) -> str:
@@ -123,6 +121,11 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
         scales=blocked if blocked is not None else scales,
         spelling=spelling,
     )
+
+
+def torchao_heads(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes a torchao quant can be anchored at (its `[M, K/32, 32]` reshape), unordered."""
+    return [n for op in _VIEWS for n in graph.find_nodes(op="call_function", target=op)]
 
 
 def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
