@@ -1,9 +1,12 @@
 """The rewrites, one per module, as pure functions of an FX graph.
 
-- :mod:`.results`: the typed results (`FusionKind`, `SkipCode`, `Skip`, `SkipRecord`)
-  and the `Rewrite` interface every rewrite implements (`name`, `plan`, `apply`);
-- :mod:`.norm_quant`: rewrite 1, Gemma norm -> MXFP8 quant into one fused op;
-- :mod:`.sp_gather` (plan) and :mod:`.sp_gather_apply` (graph edits), with the guards in
-  :mod:`.gather_checks`: rewrite 2, quantization around the sequence-parallel all-gather;
-- :mod:`.norms`, :mod:`.quants`, :mod:`.collectives`: recognizers they share.
+- :mod:`.results`: the contract: `FusionKind`, `RefusalCode` / `SharedCode` / `Scope`,
+  `Reason`, `Skip` / `SkipRecord`, and the `Rewrite` interface (`name`, `plan`, `apply`);
+- recognizers: :mod:`.norms` and :mod:`.hf_norm` (norms → `NormMatch`), :mod:`.quants`
+  and :mod:`.torchao_quant` (quants → the `QuantSite` protocol), :mod:`.collectives`
+  (all-gathers) and :mod:`.all_reduces`; :mod:`.fx_utils`: small node helpers;
+- rewrite 0, :mod:`.sequence_parallel` (its graph building in :mod:`.sp_emit`);
+- rewrite 1, :mod:`.norm_quant`;
+- rewrite 2, :mod:`.sp_gather` (plan), :mod:`.gather_checks` (its guards and codes),
+  :mod:`.sp_gather_apply` (its graph edits).
 """
