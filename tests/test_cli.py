@@ -604,3 +604,15 @@ def test_dump_that_fails_before_writing_leaves_an_empty_directory(tmp_path):
     with pytest.raises(SystemExit, match=r"^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
         main(["dump", "--out", str(out), "--device", "cuda"])
     assert out.is_dir() and not any(out.iterdir())  # a second run needs no --force
+
+
+def test_timing_sizes_the_l2_flush_and_input_sets_from_the_device(monkeypatch):
+    """`mxfuse.timing` reads the L2 size from the device (no GPU's size hard-coded)."""
+    from types import SimpleNamespace
+
+    from mxfuse import timing
+
+    for l2 in (50 * 2**20, 256 * 2**20):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, l2=l2: SimpleNamespace(L2_cache_size=l2))
+        assert timing.l2_bytes() == l2
+        assert timing.n_input_sets(2**20, calls=1000) == 3 * l2 // 2**20

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
+from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 
 KS = [6144, 3072]

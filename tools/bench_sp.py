@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import n_input_sets, time_cuda_graph
+from mxfuse.timing import n_input_sets, time_cuda_graph
 from mxfuse.ops.mx_layout import packed_width
 from mxfuse.ops.packed import unpack
 from mxfuse.testing import RankFailed, bitwise_equal, run_ranks

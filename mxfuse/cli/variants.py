@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mxfuse.cli.recording import MergedReport, RecordingPass, compile_with
-from mxfuse.cli.timing import step_time_ms, synchronize
+from mxfuse.timing import step_time_ms, synchronize
 from mxfuse.models import ModelConfig, compile_model
 from mxfuse.passes.analysis import capture_wrapper_code, count_launches
 from mxfuse.passes.options import PassOptions
