@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from mxfuse.cli.recording import MergedReport, RecordingPass, compile_with
-from mxfuse.timing import step_time_ms, synchronize
 from mxfuse.models import ModelConfig, compile_model
 from mxfuse.passes.analysis import capture_wrapper_code, count_launches
 from mxfuse.passes.options import PassOptions
 from mxfuse.testing import bitwise_equal
+from mxfuse.timing import step_time_ms, synchronize
 
 PASSES_VARIANT = "mxfuse passes"
 
