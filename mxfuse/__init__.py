@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mxfuse import ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 
@@ -60,12 +60,14 @@ def post_grad_pass(
     dump_dir: str | _Unset | None = _UNSET,
     strict: bool | _Unset = _UNSET,
     fresh: bool | _Unset = _UNSET,
+    **misspelled: Any,
 ) -> MxfusePass:
     """A `CustomGraphPass` for `torch.compile(options={"post_grad_custom_post_pass": ...})`.
 
     The options are those of :class:`PassOptions`; one not passed comes from the
     environment (`MXFUSE_OPTIONS`, `MXFUSE_DUMP_DIR`, `MXFUSE_STRICT`) else its default,
-    by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way).
+    by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way). An
+    unknown keyword raises listing the options (and the closest one).
     """
     from mxfuse.passes import MxfusePass, PassOptions
 
@@ -77,7 +79,7 @@ def post_grad_pass(
         "strict": strict,
         "fresh": fresh,
     }
-    return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
+    return MxfusePass(PassOptions.for_pass(**misspelled, **{k: v for k, v in given.items() if v is not _UNSET}))
 
 
 def explain(module, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None):

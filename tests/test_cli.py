@@ -534,7 +534,7 @@ def test_missing_optional_dependencies_name_the_extra(monkeypatch, tmp_path):
         main(["explain", "--model", "hf-minimax-m3"])
 
 
-def _python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def _python(code: str, env: dict | None = None, timeout: float | None = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
@@ -655,3 +655,61 @@ def test_timing_sizes_the_l2_flush_and_input_sets_from_the_device(monkeypatch):
         )
         assert timing.l2_bytes() == l2
         assert timing.n_input_sets(2**20, calls=1000) == 3 * l2 // 2**20
+
+
+# ------------------------------------------------ options from the environment and keywords
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "error", "words"),
+    [
+        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', ValueError, "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
+        ("MXFUSE_OPTIONS", '{"fresh": 1}', TypeError, "fresh must be a bool, got 1"),
+        ("MXFUSE_DUMP_DIR", "/etc/passwd", ValueError, "dump_dir='/etc/passwd' is not a writable directory"),
+    ],
+)
+def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, error, words):
+    import mxfuse
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(error) as info:
+        mxfuse.post_grad_pass()
+    message = str(info.value)
+    assert message.startswith(variable) and words in message and "\n" not in message
+    assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
+
+
+def test_a_misspelled_option_lists_the_known_ones_and_the_closest(monkeypatch):
+    import mxfuse
+
+    known = "known: fuse_norm_quant, sp_gather, sequence_parallel, dump_dir, strict, fresh"
+    with pytest.raises(TypeError) as info:
+        mxfuse.post_grad_pass(fuse_norm_qaunt=True)
+    assert str(info.value) == f"unknown mxfuse option(s) 'fuse_norm_qaunt' (did you mean 'fuse_norm_quant'?); {known}"
+    monkeypatch.setenv("MXFUSE_OPTIONS", '{"fuse_norm_qaunt": true}')
+    with pytest.raises(TypeError) as info:
+        mxfuse.post_grad_pass()
+    assert str(info.value) == (
+        """MXFUSE_OPTIONS='{"fuse_norm_qaunt": true}': unknown mxfuse option(s) 'fuse_norm_qaunt' """
+        f"(did you mean 'fuse_norm_quant'?); {known}"
+    )
+
+
+@pytest.mark.vllm
+def test_a_bad_mxfuse_options_fails_when_vllm_builds_its_config():
+    """vLLM resolves "mxfuse.vllm_pass" in `CompilationConfig.__post_init__` (`__import__("mxfuse")`, which
+    builds the pass): the bad value is refused there, naming the variable, not at the first compile."""
+    pytest.importorskip("vllm")
+    code = (
+        "from vllm.config import CompilationConfig\n"
+        "try:\n"
+        "    CompilationConfig(inductor_passes={'post_grad_custom_post_pass': 'mxfuse.vllm_pass'})\n"
+        "except Exception as e:\n"
+        "    print('refused:', type(e).__name__, e)\n"
+        "else:\n"
+        "    print('accepted')\n"
+    )
+    proc = _python(code, {"MXFUSE_OPTIONS": '{"sp_gather": "fp8"}'})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused: ValidationError"), proc.stdout
+    assert """MXFUSE_OPTIONS='{"sp_gather": "fp8"}': mxfuse option sp_gather must be one of""" in proc.stdout
