@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -713,3 +714,37 @@ def test_a_bad_mxfuse_options_fails_when_vllm_builds_its_config():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("refused: ValidationError"), proc.stdout
     assert """MXFUSE_OPTIONS='{"sp_gather": "fp8"}': mxfuse option sp_gather must be one of""" in proc.stdout
+
+
+def _rank_body_that_idles(rank, world, port, seconds):
+    time.sleep(seconds)  # no CPU: what a deadlock looks like
+    return rank
+
+
+def _rank_body_that_works(rank, world, port, seconds):
+    t0 = time.process_time()
+    while time.process_time() - t0 < seconds:  # CPU seconds: slower on a loaded machine, never cut short
+        pass
+    return rank
+
+
+def _rank_body_that_dies(rank, world, port):
+    if rank == 1:
+        os._exit(3)
+    time.sleep(600)
+
+
+@pytest.mark.distributed
+def test_run_ranks_waits_for_work_not_for_a_clock():
+    """`timeout` is time without progress: ranks that compute longer than it finish; ranks that use no CPU
+    for that long time out; a rank that dies ends the wait at once, not after the timeout."""
+    from mxfuse.testing import RankFailed, run_ranks
+
+    assert run_ranks(_rank_body_that_works, 2, timeout=5, args=(8,)) == {0: 0, 1: 1}
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"made no progress for 5 s \(deadlocked\?\)"):
+        run_ranks(_rank_body_that_idles, 2, timeout=5, args=(600,))
+    with pytest.raises(RankFailed, match="exited with code 3 without a result") as failure:
+        run_ranks(_rank_body_that_dies, 2, timeout=600)
+    assert failure.value.rank == 1
+    assert time.monotonic() - t0 < 600  # neither waited for the sleeping rank
