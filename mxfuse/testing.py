@@ -172,11 +172,14 @@ def run_ranks(
             else:
                 results[rank] = payload
         failed = False
-    finally:
+    finally:  # also on KeyboardInterrupt: no rank outlives the call
         for p in procs:
             if failed:
                 p.kill()
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join()
+        queue.close()
+        queue.join_thread()
     return results

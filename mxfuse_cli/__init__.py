@@ -76,4 +76,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     from mxfuse.cli.progress import quiet_torch_imports
 
     quiet_torch_imports()
-    return importlib.import_module(f"mxfuse.cli.{args.command_module}").run(args, out or sys.stdout)
+    try:
+        return importlib.import_module(f"mxfuse.cli.{args.command_module}").run(args, out or sys.stdout)
+    except KeyboardInterrupt:  # the spawned ranks are gone already (run_ranks ends them)
+        print(f"\nmxfuse {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mxfuse.cli.demo import run_demo
+from mxfuse.cli.devices import pick_device
 from mxfuse.cli.recording import MergedReport, kind_fields, skip_fields
-from mxfuse.cli.targets import pick_device
 from mxfuse.models import ModelConfig
 from mxfuse.passes import explain as ex
 from mxfuse.passes.analysis import CPP_KERNELS, TRITON_KERNELS, count_launches, total_launches
@@ -748,3 +748,52 @@ def test_run_ranks_waits_for_work_not_for_a_clock():
         run_ranks(_rank_body_that_dies, 2, timeout=600)
     assert failure.value.rank == 1
     assert time.monotonic() - t0 < 600  # neither waited for the sleeping rank
+
+
+def _rank_body_that_sends_then_sleeps(rank, world, port, events):
+    events.send("started")
+    time.sleep(600)
+
+
+def _interrupt(rank, event):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.distributed
+def test_run_ranks_interrupted_leaves_no_process_behind():
+    """Ctrl-C while the ranks run (here: raised from the event callback) ends every rank before it returns."""
+    import multiprocessing
+
+    from mxfuse.testing import run_ranks
+
+    with pytest.raises(KeyboardInterrupt):
+        run_ranks(_rank_body_that_sends_then_sleeps, 3, on_event=_interrupt)
+    assert multiprocessing.active_children() == []
+
+
+def test_demo_refuses_what_the_machine_cannot_run_before_building_anything():
+    """`demo --device cuda` without a GPU and `demo --sp N` beyond the cores (no GPUs) end in one line, before
+    the model, the passes or any rank exist."""
+    code = """
+import multiprocessing, os, sys
+from mxfuse_cli import main
+for argv in (["demo", "--device", "cuda"], ["demo", "--sp", "64", "--tokens", "64"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        print(e)
+assert multiprocessing.active_children() == []
+print("built:", [m for m in ("mxfuse.models", "mxfuse.cli.variants", "torch._inductor") if m in sys.modules])
+print("cores:", len(os.sched_getaffinity(0)))
+"""
+    proc = _python(code, {"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    cores = int(lines[3].split()[-1])
+    assert lines[0] == "mxfuse demo: --device cuda was asked for but no CUDA GPU is available"
+    if cores < 64:
+        assert lines[1] == (
+            f"mxfuse demo --sp 64: this machine has {cores} CPU core(s); gloo on CPU runs one rank per core, "
+            f"so use --sp {max(2, cores)} or fewer"
+        )
+    assert lines[2] == "built: []"

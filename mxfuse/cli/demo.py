@@ -17,8 +17,13 @@ NAME = "demo"
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    from mxfuse.cli.devices import pick_device, sp_backend
+
+    # the device first (torch only): no GPU, or too large a world, is said before anything is built
+    device = pick_device(args.device, NAME) if args.sp is None else sp_backend(args.sp, args.device)[1]
+
     from mxfuse.cli.sp import run_demo_sp
-    from mxfuse.cli.targets import pass_options_from, pick_device
+    from mxfuse.cli.targets import pass_options_from
     from mxfuse.models import ModelConfig
 
     overrides = {}
@@ -31,7 +36,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.sp is not None:
         result = run_demo_sp(config, args.tokens, args.sp, args.device, args.steps, out, options)
     else:
-        result = run_demo(config, args.tokens, pick_device(args.device, NAME), args.steps, out, options)
+        result = run_demo(config, args.tokens, device, args.steps, out, options)
     return 0 if result.passed else 1
 
 

@@ -9,6 +9,7 @@ from typing import TextIO
 
 import torch
 
+from mxfuse.cli.devices import sp_backend
 from mxfuse.cli.progress import ProgressFromEvents, RankProgress
 from mxfuse.cli.report import print_header, print_report
 from mxfuse.cli.variants import DemoResult, run_variants
@@ -47,16 +48,6 @@ def _sp_rank(rank, world, port, backend, config, tokens, steps, pass_options, ev
     return variants if rank == 0 else None, checks
 
 
-def sp_backend(world: int, device_name: str) -> tuple[str, torch.device]:
-    """NCCL on `world` GPUs when asked for (or `auto` and they exist), else gloo on CPU."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device_name == "cuda" and gpus < world:
-        raise SystemExit(f"mxfuse demo --sp {world} --device cuda: only {gpus} GPU(s) present")
-    if device_name in ("auto", "cuda") and gpus >= world:
-        return "nccl", torch.device("cuda", 0)
-    return "gloo", torch.device("cpu")
-
-
 def run_demo_sp(
     config: ModelConfig,
     tokens: int,
@@ -72,7 +63,7 @@ def run_demo_sp(
     pass_options = pass_options or PassOptions()
     if tokens % world:
         raise SystemExit(f"mxfuse demo --sp {world}: --tokens {tokens} is not a multiple of {world}")
-    backend, device = sp_backend(world, device_name)
+    backend, device = sp_backend(world, device_name)  # checked by `mxfuse demo` already: here for other callers
     print_header(config, tokens, device, steps, out, sp=(world, f"{backend} on {device.type}", pass_options.sp_gather))
     progress = ProgressFromEvents(out)
     args = (backend, config, tokens, steps, pass_options)

@@ -8,17 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mxfuse.cli.devices import pick_device
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.passes.options import PassOptions
-
-
-def pick_device(name: str, command: str) -> torch.device:
-    """`auto` -> cuda when a GPU is usable, else cpu; `cuda` without a GPU is an error of `command`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"mxfuse {command}: --device cuda was asked for but no CUDA GPU is available")
-    return torch.device(name)
 
 
 @dataclass
