@@ -10,7 +10,7 @@ from typing import TextIO
 import torch
 
 from mxfuse.cli.devices import sp_backend
-from mxfuse.cli.progress import ProgressFromEvents, RankProgress
+from mxfuse.cli.progress import ProgressFromEvents, RankProgress, quiet_torch_imports
 from mxfuse.cli.report import print_header, print_report
 from mxfuse.cli.variants import DemoResult, run_variants
 from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
@@ -23,6 +23,7 @@ def _sp_rank(rank, world, port, backend, config, tokens, steps, pass_options, ev
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore")
+    quiet_torch_imports()  # a spawned rank imports afresh: no "No CUDA runtime is found" in the parent's lines
     if backend == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
