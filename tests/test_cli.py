@@ -798,3 +798,36 @@ print("cores:", len(os.sched_getaffinity(0)))
             f"so use --sp {max(2, cores)} or fewer"
         )
     assert lines[2] == "built: []"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_ticks_on_a_terminal_and_adds_nothing_elsewhere():
+    """A long step shows a spinner and the seconds so far on a TTY; piped output gets one plain line."""
+    from mxfuse.cli.progress import Progress
+
+    for out in (_Terminal(), io.StringIO()):
+        with Progress("compiling", out) as p:
+            time.sleep(0.8)
+        text = out.getvalue()
+        assert text.endswith(f" done in {p.elapsed:.1f} s" + (" " * 8 if out.isatty() else "") + "\n")
+        if out.isatty():
+            ticks = re.findall(r"\rcompiling \.\.\. [|/\\-] +(\d+\.\d) s", text)
+            assert ticks and float(ticks[-1]) > 0, text  # the elapsed time, redrawn while it runs
+        else:
+            assert text == f"compiling ... done in {p.elapsed:.1f} s\n"
+
+
+def test_sp_progress_shows_the_ranks_starting_until_their_first_step():
+    from mxfuse.cli.progress import ProgressFromEvents
+
+    out = io.StringIO()
+    progress = ProgressFromEvents(out, starting="starting 2 processes")
+    progress(0, ("start", "building"))
+    progress(0, ("end", True))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("starting 2 processes ... done in ")
+    assert lines[1].startswith("[rank 0] building ... done in ")

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_factory(args: argparse.Namespace, out: TextIO) -> int:
     """`--model pkg.module:factory`: explain the user's module on the inputs its factory returns."""
+    from mxfuse.cli.progress import Progress
     from mxfuse.cli.targets import options_text, pass_options_from
     from mxfuse.passes.explain import explain_module
     from mxfuse_cli.model_spec import ModelSpecError, load, parse
@@ -40,7 +41,8 @@ def run_factory(args: argparse.Namespace, out: TextIO) -> int:
         raise SystemExit(f"mxfuse explain: --model {e}") from None
     options = pass_options_from(args)
     print(f"mxfuse explain: {args.model}; passes: {options_text(options)}", file=out)
-    explanation = explain_module(module, *inputs, options=options)
+    with Progress("compiling", out):
+        explanation = explain_module(module, *inputs, options=options)
     graphs = [(g.verdicts, g.quant_inputs) for g in explanation.graphs]
     print_verdicts(graphs, args.source, out, fixes=True)
     return 0 if not any(g.report.failed for g in explanation.graphs) else 1

@@ -66,13 +66,16 @@ def run_demo_sp(
         raise SystemExit(f"mxfuse demo --sp {world}: --tokens {tokens} is not a multiple of {world}")
     backend, device = sp_backend(world, device_name)  # checked by `mxfuse demo` already: here for other callers
     print_header(config, tokens, device, steps, out, sp=(world, f"{backend} on {device.type}", pass_options.sp_gather))
-    progress = ProgressFromEvents(out)
+    progress = ProgressFromEvents(out, starting=f"starting {world} processes")
     args = (backend, config, tokens, steps, pass_options)
     try:
         results = run_ranks(_sp_rank, world, timeout_s, args=args, on_event=progress)
     except RankFailed as failure:
         progress.close(failed=True)
         raise SystemExit(f"mxfuse demo --sp {world}: {failure}") from None
+    except BaseException:  # Ctrl-C: the line ends before the command says so
+        progress.close(failed=True)
+        raise
     result = DemoResult(device, config, tokens, world=world, sp_gather=pass_options.sp_gather, steps=steps)
     result.variants = results[0][0]
     result.rank_checks = [results[r][1] for r in range(world)]
