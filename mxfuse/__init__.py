@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import itertools
-import os
 import sys
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from mxfuse import ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 
 if TYPE_CHECKING:
     from mxfuse.passes import MxfusePass, PassOptions
@@ -27,16 +27,6 @@ __all__ = ["MxfusePass", "PassOptions", "explain", "post_grad_pass"]
 _VLLM_PASS_MODULE = "vllm.compilation.passes.inductor_pass"
 
 
-def _started_as_the_command() -> bool:
-    """True while the `mxfuse` command (`mxfuse ...`, `python -m mxfuse ...`) starts: it parses
-    its arguments before importing torch (`--help` answers at once), and each subcommand
-    imports the ops it runs. Every other `import mxfuse` registers the ops right away."""
-    argv0 = os.path.basename((getattr(sys, "argv", None) or [""])[0])
-    orig = getattr(sys, "orig_argv", [])
-    run_as_module = any(a == "-m" and b.split(".")[0] == "mxfuse" for a, b in itertools.pairwise(orig))
-    return argv0 == "mxfuse" or run_as_module
-
-
 def __getattr__(name: str):
     if name in ("MxfusePass", "PassOptions"):
         import mxfuse.passes
@@ -45,8 +35,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mxfuse' has no attribute {name!r}")
 
 
-if not _started_as_the_command():
-    import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
+def __dir__() -> list[str]:
+    """The public names and the loaded submodules, not the helpers this module imports (`sys`, `Literal`, ...)."""
+    submodules = [n for n, v in globals().items() if getattr(v, "__name__", "") == f"{__name__}.{n}"]
+    bound = ["vllm_pass"] if "vllm_pass" in globals() else []
+    return sorted({*__all__, "__version__", *bound, *submodules})
 
 
 class _Unset:
@@ -67,12 +60,14 @@ def post_grad_pass(
     dump_dir: str | _Unset | None = _UNSET,
     strict: bool | _Unset = _UNSET,
     fresh: bool | _Unset = _UNSET,
+    **misspelled: Any,
 ) -> MxfusePass:
     """A `CustomGraphPass` for `torch.compile(options={"post_grad_custom_post_pass": ...})`.
 
     The options are those of :class:`PassOptions`; one not passed comes from the
     environment (`MXFUSE_OPTIONS`, `MXFUSE_DUMP_DIR`, `MXFUSE_STRICT`) else its default,
-    by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way).
+    by the rule of :meth:`PassOptions.from_env` (the vLLM pass reads them the same way). An
+    unknown keyword raises listing the options (and the closest one).
     """
     from mxfuse.passes import MxfusePass, PassOptions
 
@@ -84,7 +79,7 @@ def post_grad_pass(
         "strict": strict,
         "fresh": fresh,
     }
-    return MxfusePass(PassOptions.from_env(**{k: v for k, v in given.items() if v is not _UNSET}))
+    return MxfusePass(PassOptions.for_pass(**misspelled, **{k: v for k, v in given.items() if v is not _UNSET}))
 
 
 def explain(module, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None):

@@ -2,6 +2,6 @@
 
 import sys
 
-from mxfuse.cli import main
+from mxfuse_cli import main
 
 sys.exit(main())

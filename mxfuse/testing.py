@@ -4,7 +4,9 @@
   of zero included), the bar of every fused-vs-unfused check.
 - `run_ranks(body, world)`: `body(rank, world, port, *args)` on `world` spawned processes
   (MASTER_ADDR/PORT set; the body sets up its own process group), results by rank; rank
-  events streamed to the parent as they happen (the demo's progress lines).
+  events streamed to the parent as they happen (the demo's progress lines). It waits as
+  long as the ranks work (a loaded machine only makes them slower), and ends the wait when
+  a rank raises, a rank dies, or no rank has used any CPU for `timeout` seconds (deadlock).
 """
 
 from __future__ import annotations
@@ -90,10 +92,33 @@ def _rank_main(body, rank: int, world: int, port: int, queue, args: tuple, with_
         queue.put(("error", rank, traceback.format_exc()))
 
 
+def _cpu_seconds(pids: list[int]) -> float | None:
+    """CPU seconds used so far by `pids` and their descendants, reaped ones included (Linux `/proc`);
+    None where there is no `/proc`."""
+    if not os.path.isdir("/proc/self/task"):
+        return None
+    total, stack, seen = 0, list(pids), set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    stack.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError, IndexError):  # exited meanwhile
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_ranks(
     body: Callable[..., Any],
     world: int,
-    timeout: float,
+    timeout: float = 300,
     args: tuple = (),
     on_event: Callable[[int, tuple], None] | None = None,
 ) -> dict[int, Any]:
@@ -102,7 +127,10 @@ def run_ranks(
     `body` must be a module-level function (spawn pickles it by name). With `on_event`, the
     body also gets `events=` (a `RankEvents`) and the parent calls `on_event(rank, payload)`
     for each event while it waits. The first rank that raises ends the wait: the others are
-    killed and `RankFailed` carries its traceback. `timeout` bounds the whole run (seconds).
+    killed and `RankFailed` carries its traceback; a rank that dies without a result ends it
+    too. `timeout` is how long the ranks may make no progress (no CPU used by them or the
+    compilers they start, no message), not a bound on the run: on a loaded machine the work
+    takes longer and the wait follows it. Without `/proc` it is wall-clock time without a message.
     """
     import torch.multiprocessing as mp
 
@@ -115,16 +143,28 @@ def run_ranks(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout
+    pids = [p.pid for p in procs if p.pid is not None]
+    last_progress, cpu = time.monotonic(), _cpu_seconds(pids)
     failed = True
     try:
         while len(results) < world:
             try:
-                kind, rank, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+                kind, rank, payload = queue.get(timeout=1.0)
             except queue_module.Empty:
-                raise TimeoutError(
-                    f"run_ranks: {world - len(results)} rank(s) gave no result in {timeout:.0f} s"
-                ) from None
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in results and p.exitcode is not None]
+                if dead:
+                    raise RankFailed(dead[0][0], f"exited with code {dead[0][1]} without a result") from None
+                now, now_cpu = time.monotonic(), _cpu_seconds(pids)
+                # progress: the ranks used at least 5% of a core since the last (idle threads use far less)
+                if now_cpu is not None and cpu is not None and now_cpu - cpu >= 0.05 * (now - last_progress):
+                    last_progress, cpu = now, now_cpu
+                if now - last_progress > timeout:
+                    raise TimeoutError(
+                        f"run_ranks: {world - len(results)} rank(s) gave no result and made no progress "
+                        f"for {timeout:.0f} s (deadlocked?)"
+                    ) from None
+                continue
+            last_progress, cpu = time.monotonic(), _cpu_seconds(pids)
             if kind == "error":
                 raise RankFailed(rank, payload)
             if kind == "event":
@@ -132,11 +172,14 @@ def run_ranks(
             else:
                 results[rank] = payload
         failed = False
-    finally:
+    finally:  # also on KeyboardInterrupt: no rank outlives the call
         for p in procs:
             if failed:
                 p.kill()
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join()
+        queue.close()
+        queue.join_thread()
     return results

@@ -8,15 +8,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from mxfuse.cli import args as cli_args, build_parser, main
 from mxfuse.cli.demo import run_demo
-from mxfuse.cli.dump import MANIFEST, prepare_out_dir
-from mxfuse.cli.targets import pick_device
+from mxfuse.cli.devices import pick_device
 from mxfuse.models import ModelConfig
 from mxfuse.passes import explain as ex
 from mxfuse.passes.analysis import CPP_KERNELS, TRITON_KERNELS, count_launches, total_launches
@@ -27,6 +26,8 @@ from mxfuse.patterns.results import SharedCode, SkipRecord
 from mxfuse.patterns.sequence_parallel import SequenceParallelCode
 from mxfuse.patterns.sp_gather import GatheredQuantKind, PackedGatherKind
 from mxfuse.testing import bitwise_equal
+from mxfuse_cli import args as cli_args, build_parser, main
+from mxfuse_cli.dump import MANIFEST, prepare_out_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def test_demo_cpu_report():
     result = run_demo(cfg, 32, torch.device("cpu"), steps=1, out=buf)
     out = buf.getvalue()
     assert result.passed, out
-    assert "device : cpu" in out and "config : tiny: hidden 256, 1 layers" in out and "tokens : 32" in out
+    assert "device : cpu" in out and "config : tiny: hidden 256, 1 layer," in out and "tokens : 32" in out
     assert "qkv_proj 512x256" in out
     # the progress indicator of each compile
     assert re.search(r"compiling with torch.compile \(inductor\) \.\.\. done in \d+\.\d s", out)
@@ -129,12 +130,13 @@ def test_dump_reference(tmp_path):
     torch.compiler.reset()
 
 
-def test_dump_hf_minimax_m3(tmp_path):
+def test_dump_hf_minimax_m3(tmp_path, capfd):
     pytest.importorskip("transformers")
     torch.compiler.reset()
     buf = io.StringIO()
     rc = main(["dump", "--out", str(tmp_path), "--model", "hf-minimax-m3", "--tokens", "8"], out=buf)
     assert rc == 0, buf.getvalue()
+    assert "[transformers]" not in capfd.readouterr().err  # its warnings on the tiny config: not the user's
     index = (tmp_path / "INDEX.md").read_text()
     assert "Hugging Face MiniMaxM3VLDecoderLayer" in index
     assert "`hf:plain->mxfuse_quant:rowmajor` x1" in index and "`hf:fused_add->mxfuse_quant:rowmajor` x1" in index
@@ -195,7 +197,8 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     """`--model pkg.module:factory` explains the user's module: a Gemma norm fuses; a Llama-style norm
     (weight `w`, not `1 + w`) feeding the same quant is named, not fused, with the reason and the fix."""
     (tmp_path / "mxfuse_cli_factory.py").write_text(_FACTORY_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # found in the current directory, as `python -m` finds a module
+    monkeypatch.setattr(sys, "path", list(sys.path))
     torch.compiler.reset()
     rc = main(["explain", "--model", "mxfuse_cli_factory:factory", "--device", "cpu"])
     out = capsys.readouterr().out
@@ -211,17 +214,49 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     assert out.rstrip().endswith("1 of 2 Gemma norms fused")
 
 
-def test_explain_model_factory_bad_spec(capsys):
+def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
+    """Every `--model` mistake is one line naming the spec and what was expected; the form, a path and a
+    missing module are caught while parsing (before torch is imported: see the test below)."""
     line = _argparse_error(capsys, ["explain", "--model", "nonsense"])
     assert line == (
         "mxfuse explain: error: argument --model: expected one of reference, hf-minimax-m3 or "
         "pkg.module:factory, got 'nonsense'"
     )
-    with pytest.raises(SystemExit) as exit_info:  # no such module: one line, no traceback
-        main(["explain", "--model", "mxfuse_no_such_module:factory", "--device", "cpu"])
-    assert str(exit_info.value.code) == (
-        "mxfuse explain: --model mxfuse_no_such_module:factory: No module named 'mxfuse_no_such_module'"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    line = _argparse_error(capsys, ["explain", "--model", "./mymodels.py:f"])
+    assert line == (
+        "mxfuse explain: error: argument --model: ./mymodels.py:f: expected a module name, not a file path: run "
+        "from the file's directory with --model mymodels:f (the current directory is searched first, as by python -m)"
     )
+    line = _argparse_error(capsys, ["explain", "--model", "mxfuse_no_such_module:factory"])
+    assert line == (
+        "mxfuse explain: error: argument --model: mxfuse_no_such_module:factory: no module named "
+        f"'mxfuse_no_such_module' in the current directory ({tmp_path}) or on sys.path"
+    )
+    (tmp_path / "mxfuse_bad_factories.py").write_text(
+        "import torch\n"
+        "three = 3\n"
+        "def needs(a, b=1):\n    return torch.nn.Identity(), torch.zeros(1)\n"
+        "def wrong():\n    return torch.nn.Identity()\n"
+        "def three_things():\n    return 1, 2, 3\n"
+    )
+    expected = {
+        "three": "is a int, expected a factory function returning (module, example_inputs)",
+        "needs": "the factory takes arguments (a, b=1); expected one called with none, returning "
+        "(module, example_inputs)",
+        "wrong": "the factory returned a Identity, expected (module, example_inputs)",
+        "three_things": "the factory returned a tuple of 3 (int, int, int), expected (module, example_inputs)",
+        "missing": "'mxfuse_bad_factories' has no attribute 'missing'",
+    }
+    for attr, words in expected.items():
+        spec = f"mxfuse_bad_factories:{attr}"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["explain", "--model", spec])
+        assert str(exit_info.value.code) == f"mxfuse explain: --model {spec}: {words}"
+    (tmp_path / "mxfuse_imports_missing.py").write_text("import mxfuse_not_installed_xyz\n")
+    with pytest.raises(ModuleNotFoundError, match="mxfuse_not_installed_xyz"):  # the user's own import: traceback
+        main(["explain", "--model", "mxfuse_imports_missing:f"])
 
 
 def test_explain_is_pure_and_reports_each_reason():
@@ -497,7 +532,7 @@ def test_missing_optional_dependencies_name_the_extra(monkeypatch, tmp_path):
         main(["explain", "--model", "hf-minimax-m3"])
 
 
-def _python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def _python(code: str, env: dict | None = None, timeout: float | None = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
@@ -506,61 +541,65 @@ def _python(code: str, env: dict | None = None, timeout: float = 120) -> subproc
 
 
 def test_parsing_and_argument_checks_never_import_torch(tmp_path):
-    """`mxfuse.cli` answers --help, --version and bad arguments before torch is imported.
-
-    `mxfuse/__init__.py` imports torch (it registers the ops), so the package is stood in
-    for by a bare module with the same path: what is checked is the command's own imports."""
+    """The `mxfuse` command (`mxfuse_cli:main`) answers --help, --version and bad arguments before torch
+    or the `mxfuse` package (which imports torch to register its ops) is imported."""
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     code = f"""
-import sys, time, types
-t0 = time.perf_counter()
-package = types.ModuleType("mxfuse")
-package.__path__, package.__version__ = [{str(ROOT / "mxfuse")!r}], "0.0"
-sys.modules["mxfuse"] = package
-from mxfuse.cli import main
+import sys
+from mxfuse_cli import main
 for argv in (["--help"], ["demo", "--help"], ["--version"], ["demo", "--layers", "0"], ["demo", "--foo"],
-             ["dump", "--out", {str(a_file)!r}]):
+             ["dump", "--out", {str(a_file)!r}], ["explain", "--model", "./mymodels.py:f"]):
     try:
         main(argv)
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
 assert "torch" not in sys.modules, "torch imported"
-print("seconds", time.perf_counter() - t0)
+assert "mxfuse" not in sys.modules, "mxfuse imported"
 """
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert "is a file, not a directory" in proc.stderr and "must be a positive integer, got 0" in proc.stderr
-    assert float(proc.stdout.split()[-1]) < 1.0, proc.stdout
+    assert "./mymodels.py:f" in proc.stderr
 
 
-class _TorchImported(Exception):
-    pass
-
-
-def test_python_dash_m_mxfuse_help_imports_neither_vllm_nor_torch():
-    """`python -m mxfuse demo --help`: never vLLM (the CLI must work without it); torch not before argparse."""
+def test_python_dash_m_mxfuse_help_never_imports_vllm():
+    """`python -m mxfuse demo --help`: never vLLM (the CLI must work without it)."""
     code = (
         "import sys, runpy; sys.argv = ['mxfuse', 'demo', '--help']\n"
         "try:\n    runpy.run_module('mxfuse', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
         "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'\n"
-        "print('torch imported:', 'torch' in sys.modules)\n"
     )
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     for flag in ("--tokens", "--config", "m3-flash-tp4", "--sp N", "--sp-gather"):
         assert flag in proc.stdout
-    if "torch imported: True" in proc.stdout:
-        raise _TorchImported
+
+
+def test_a_program_named_mxfuse_gets_the_ops(tmp_path):
+    """`import mxfuse` registers its ops whatever the program is called (argv[0] `mxfuse` included)."""
+    script = tmp_path / "mxfuse"
+    script.write_text("import torch, mxfuse\nprint(hasattr(torch.ops.mxfuse, 'gemma_rmsnorm_mxfp8'))\n")
+    proc = _python(f"import runpy, sys; sys.argv = [{str(script)!r}]; runpy.run_path({str(script)!r})")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+
+
+def test_dir_of_the_package_shows_its_api_only():
+    import mxfuse
+
+    names = dir(mxfuse)
+    assert {"post_grad_pass", "explain", "PassOptions", "MxfusePass", "__version__"} <= set(names)
+    assert not {"Literal", "TYPE_CHECKING", "importlib", "os", "sys", "annotations", "mxfuse"} & set(names)
 
 
 def test_no_cuda_runtime_notice_inside_the_commands_output(tmp_path):
     """Inductor imports torch.utils.cpp_extension mid-compile; without a GPU it logs "No CUDA runtime
     is found" into the middle of a progress line. The command imports it quietly before it starts."""
     code = """
-from mxfuse.cli import main
+from mxfuse_cli import main
 try:
     main(["explain", "--device", "cuda"])
 except SystemExit as e:
@@ -600,3 +639,191 @@ def test_dump_that_fails_before_writing_leaves_an_empty_directory(tmp_path):
     with pytest.raises(SystemExit, match=r"^mxfuse dump: --device cuda was asked for but no CUDA GPU"):
         main(["dump", "--out", str(out), "--device", "cuda"])
     assert out.is_dir() and not any(out.iterdir())  # a second run needs no --force
+
+
+def test_timing_sizes_the_l2_flush_and_input_sets_from_the_device(monkeypatch):
+    """`mxfuse.timing` reads the L2 size from the device (no GPU's size hard-coded)."""
+    from types import SimpleNamespace
+
+    from mxfuse import timing
+
+    for l2 in (50 * 2**20, 256 * 2**20):
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda device, l2=l2: SimpleNamespace(L2_cache_size=l2)
+        )
+        assert timing.l2_bytes() == l2
+        assert timing.n_input_sets(2**20, calls=1000) == 3 * l2 // 2**20
+
+
+# ------------------------------------------------ options from the environment and keywords
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "error", "words"),
+    [
+        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', ValueError, "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
+        ("MXFUSE_OPTIONS", '{"fresh": 1}', TypeError, "fresh must be a bool, got 1"),
+        ("MXFUSE_DUMP_DIR", "/etc/passwd", ValueError, "dump_dir='/etc/passwd' is not a writable directory"),
+    ],
+)
+def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, error, words):
+    import mxfuse
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(error) as info:
+        mxfuse.post_grad_pass()
+    message = str(info.value)
+    assert message.startswith(variable) and words in message and "\n" not in message
+    assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
+
+
+def test_a_misspelled_option_lists_the_known_ones_and_the_closest(monkeypatch):
+    import mxfuse
+
+    known = "known: fuse_norm_quant, sp_gather, sequence_parallel, dump_dir, strict, fresh"
+    with pytest.raises(TypeError) as info:
+        mxfuse.post_grad_pass(fuse_norm_qaunt=True)
+    assert str(info.value) == f"unknown mxfuse option(s) 'fuse_norm_qaunt' (did you mean 'fuse_norm_quant'?); {known}"
+    monkeypatch.setenv("MXFUSE_OPTIONS", '{"fuse_norm_qaunt": true}')
+    with pytest.raises(TypeError) as info:
+        mxfuse.post_grad_pass()
+    assert str(info.value) == (
+        """MXFUSE_OPTIONS='{"fuse_norm_qaunt": true}': unknown mxfuse option(s) 'fuse_norm_qaunt' """
+        f"(did you mean 'fuse_norm_quant'?); {known}"
+    )
+
+
+@pytest.mark.vllm
+def test_a_bad_mxfuse_options_fails_when_vllm_builds_its_config():
+    """vLLM resolves "mxfuse.vllm_pass" in `CompilationConfig.__post_init__` (`__import__("mxfuse")`, which
+    builds the pass): the bad value is refused there, naming the variable, not at the first compile."""
+    pytest.importorskip("vllm")
+    code = (
+        "from vllm.config import CompilationConfig\n"
+        "try:\n"
+        "    CompilationConfig(inductor_passes={'post_grad_custom_post_pass': 'mxfuse.vllm_pass'})\n"
+        "except Exception as e:\n"
+        "    print('refused:', type(e).__name__, e)\n"
+        "else:\n"
+        "    print('accepted')\n"
+    )
+    proc = _python(code, {"MXFUSE_OPTIONS": '{"sp_gather": "fp8"}'})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused: ValidationError"), proc.stdout
+    assert """MXFUSE_OPTIONS='{"sp_gather": "fp8"}': mxfuse option sp_gather must be one of""" in proc.stdout
+
+
+def _rank_body_that_idles(rank, world, port, seconds):
+    time.sleep(seconds)  # no CPU: what a deadlock looks like
+    return rank
+
+
+def _rank_body_that_works(rank, world, port, seconds):
+    t0 = time.process_time()
+    while time.process_time() - t0 < seconds:  # CPU seconds: slower on a loaded machine, never cut short
+        pass
+    return rank
+
+
+def _rank_body_that_dies(rank, world, port):
+    if rank == 1:
+        os._exit(3)
+    time.sleep(600)
+
+
+@pytest.mark.distributed
+def test_run_ranks_waits_for_work_not_for_a_clock():
+    """`timeout` is time without progress: ranks that compute longer than it finish; ranks that use no CPU
+    for that long time out; a rank that dies ends the wait at once, not after the timeout."""
+    from mxfuse.testing import RankFailed, run_ranks
+
+    assert run_ranks(_rank_body_that_works, 2, timeout=5, args=(8,)) == {0: 0, 1: 1}
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"made no progress for 5 s \(deadlocked\?\)"):
+        run_ranks(_rank_body_that_idles, 2, timeout=5, args=(600,))
+    with pytest.raises(RankFailed, match="exited with code 3 without a result") as failure:
+        run_ranks(_rank_body_that_dies, 2, timeout=600)
+    assert failure.value.rank == 1
+    assert time.monotonic() - t0 < 600  # neither waited for the sleeping rank
+
+
+def _rank_body_that_sends_then_sleeps(rank, world, port, events):
+    events.send("started")
+    time.sleep(600)
+
+
+def _interrupt(rank, event):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.distributed
+def test_run_ranks_interrupted_leaves_no_process_behind():
+    """Ctrl-C while the ranks run (here: raised from the event callback) ends every rank before it returns."""
+    import multiprocessing
+
+    from mxfuse.testing import run_ranks
+
+    with pytest.raises(KeyboardInterrupt):
+        run_ranks(_rank_body_that_sends_then_sleeps, 3, on_event=_interrupt)
+    assert multiprocessing.active_children() == []
+
+
+def test_demo_refuses_what_the_machine_cannot_run_before_building_anything():
+    """`demo --device cuda` without a GPU and `demo --sp N` beyond the cores (no GPUs) end in one line, before
+    the model, the passes or any rank exist."""
+    code = """
+import multiprocessing, os, sys
+from mxfuse_cli import main
+for argv in (["demo", "--device", "cuda"], ["demo", "--sp", "64", "--tokens", "64"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        print(e)
+assert multiprocessing.active_children() == []
+print("built:", [m for m in ("mxfuse.models", "mxfuse.cli.variants", "torch._inductor") if m in sys.modules])
+print("cores:", len(os.sched_getaffinity(0)))
+"""
+    proc = _python(code, {"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    cores = int(lines[3].split()[-1])
+    assert lines[0] == "mxfuse demo: --device cuda was asked for but no CUDA GPU is available"
+    if cores < 64:
+        assert lines[1] == (
+            f"mxfuse demo --sp 64: this machine has {cores} CPU core(s); gloo on CPU runs one rank per core, "
+            f"so use --sp {max(2, cores)} or fewer"
+        )
+    assert lines[2] == "built: []"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_ticks_on_a_terminal_and_adds_nothing_elsewhere():
+    """A long step shows a spinner and the seconds so far on a TTY; piped output gets one plain line."""
+    from mxfuse.cli.progress import Progress
+
+    for out in (_Terminal(), io.StringIO()):
+        with Progress("compiling", out) as p:
+            time.sleep(0.8)
+        text = out.getvalue()
+        assert text.endswith(f" done in {p.elapsed:.1f} s" + (" " * 8 if out.isatty() else "") + "\n")
+        if out.isatty():
+            ticks = re.findall(r"\rcompiling \.\.\. [|/\\-] +(\d+\.\d) s", text)
+            assert ticks and float(ticks[-1]) > 0, text  # the elapsed time, redrawn while it runs
+        else:
+            assert text == f"compiling ... done in {p.elapsed:.1f} s\n"
+
+
+def test_sp_progress_shows_the_ranks_starting_until_their_first_step():
+    from mxfuse.cli.progress import ProgressFromEvents
+
+    out = io.StringIO()
+    progress = ProgressFromEvents(out, starting="starting 2 processes")
+    progress(0, ("start", "building"))
+    progress(0, ("end", True))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("starting 2 processes ... done in ")
+    assert lines[1].startswith("[rank 0] building ... done in ")

@@ -37,6 +37,20 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert commands[0].strip() in ci.splitlines()
 
 
+def test_the_suites_install_path_uses_the_default_index_only():
+    """CI and the README's test commands install from PyPI alone: no other index to be unreachable."""
+    suite = next(block for block in code_blocks("bash") if "pytest" in block)
+    for text in (suite, (ROOT / ".ci" / "run").read_text()):
+        assert not re.search(r"--(extra-)?index-url|--find-links|(^|\s)-[if]\s", text), text
+
+
+def test_no_issue_numbers_users_cannot_see():
+    """The README and docs/ speak to users, who do not see the project's issue tracker."""
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found = re.findall(r"issue #?\d+|the issue's|\bissue \(", path.read_text(), flags=re.I)
+        assert not found, (path.name, found)
+
+
 def test_readme_names_every_pass_option():
     from dataclasses import fields
 
@@ -48,14 +62,14 @@ def test_readme_names_every_pass_option():
 
 def test_console_excerpts_are_what_the_commands_print(capsys):
     """Every `$ mxfuse ...` block: run it, and each line shown must appear in its output."""
-    from mxfuse import cli
+    from mxfuse_cli import main
 
     blocks = code_blocks("console")
     assert len(blocks) >= 2
     for block in blocks:
         command, *shown = block.strip().splitlines()
         assert command.startswith("$ mxfuse ")
-        cli.main(command.removeprefix("$ mxfuse ").split())
+        main(command.removeprefix("$ mxfuse ").split())
         printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
         for line in shown:
             assert line.rstrip() in printed, f"{command}: README shows {line!r}, the command no longer prints it"

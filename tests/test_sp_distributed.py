@@ -112,6 +112,7 @@ def _rank_body(rank: int, world: int, port: int) -> dict:
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    torch._inductor.config.compile_threads = 1  # no pool of compile workers per rank (the ranks share the cores)
     results = {}
     _model_checks(rank, world, results)
     _broken_checks(rank, world, results)
@@ -121,7 +122,7 @@ def _rank_body(rank: int, world: int, port: int) -> dict:
 
 @pytest.fixture(scope="module", params=WORLDS, ids=[f"world{w}" for w in WORLDS])
 def reports(request):
-    return run_ranks(_rank_body, request.param, timeout=600)
+    return run_ranks(_rank_body, request.param)  # waits while the ranks work
 
 
 @pytest.mark.distributed

@@ -6,7 +6,7 @@ output), the ratio to bf16 cuBLAS (`torch.matmul` of the dequantized bf16 operan
 and the speedup over the `tl.dot_scaled` baseline; then the composite
 "norm + quant + qkv GEMM" fused vs. unfused vs. bf16.
 
-Timing (docs/design.md, "Measuring"; mxfuse/cli/timing.py): a CUDA graph of 64 back-to-back
+Timing (docs/design.md, "Measuring"; mxfuse/timing.py): a CUDA graph of 64 back-to-back
 calls cycling through enough input sets (weights included) that they cannot sit in L2,
 the L2 flushed before each replay, median of 7 replays, per call.
 
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph
+from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph as _time_graph
 
 # TP4 shards of MiniMax-M3.1-Flash-like sizes (hidden 6144): (name, N, K)
 SHAPES = [

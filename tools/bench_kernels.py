@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
+from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]

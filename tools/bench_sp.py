@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import n_input_sets, time_cuda_graph
 from mxfuse.ops.mx_layout import packed_width
 from mxfuse.ops.packed import unpack
 from mxfuse.testing import RankFailed, bitwise_equal, run_ranks
+from mxfuse.timing import n_input_sets, time_cuda_graph
 
 MS = [1, 16, 128, 512, 2048, 8192]
 VARIANTS = ["bf16", "bf16_swz", "mxfp8", "mxfp8_swz", "gather_bf16", "gather_packed"]

@@ -11,7 +11,7 @@ M = tokens of the whole batch (every rank holds all M rows before the rewrite), 
 Bytes one rank sends: ring all-reduce 2 (W-1)/W * 2MK; SP (W-1)/W * (2 + (K + K/32)/K) MK (~0.76x).
 Target (issue 17): sp_packed faster than ar_fused at every M >= 256, >= 1.25x at M >= 2048.
 
-Timing (docs/design.md "Measuring", mxfuse/cli/timing.py): a CUDA graph of 64 back-to-back calls cycling
+Timing (docs/design.md "Measuring", mxfuse/timing.py): a CUDA graph of 64 back-to-back calls cycling
 input sets that do not fit in L2 together, captured on every rank, replays aligned by a barrier,
 median of 7 replays, rank 0. The all-reduce is NCCL's in place (no copy: the baseline's best
 case); its input therefore grows W-fold per call, so the partial sums start at 2^-100 (timing does
@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import n_input_sets, time_cuda_graph
+from mxfuse.timing import n_input_sets, time_cuda_graph
 
 MS = [16, 64, 256, 1024, 2048, 4096, 8192, 16384]
 VARIANTS = ["ar", "ar_fused", "sp_bf16", "sp_packed", "all_reduce", "rs_packed_gather"]

@@ -3,7 +3,7 @@ compiled quant chain (issue 16), on a CUDA GPU. No vLLM; torchao is carried as a
 
 For K in {6144, 3072}, M in {1 .. 16384}, bf16, both scale layouts torchao reads (row-major:
 what `to_mx` returns and the EMULATED kernel dequantizes; blocked: `to_blocked`, what AUTO
-feeds `_scaled_mm`), per call (mxfuse/cli/timing.py: CUDA graph of 64 calls over enough input
+feeds `_scaled_mm`), per call (mxfuse/timing.py: CUDA graph of 64 calls over enough input
 sets not to sit in L2, L2 flushed before each replay, median of 7 replays):
 
 - ``fused``: `mxfuse::gemma_rmsnorm_mxfp8(x, w, eps, swizzled, rule=QuantRule.TORCHAO)`, what
@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, scale_columns, swizzled_scale_shape
+from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
 KS = [6144, 3072]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]

@@ -7,22 +7,9 @@ import collections
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from mxfuse.cli.args import add_model_args, check_model_args, is_factory
+from mxfuse_cli.args import is_factory
 
 NAME = "explain"
-
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        NAME,
-        help="for every Gemma norm of the compiled graph: fused or not, and why",
-        description="Compile a model with the mxfuse passes and say, for every Gemma norm of the graph, whether "
-        "it fused and if not why, with its module and source line.",
-    )
-    add_model_args(p, factories=True)
-    p.add_argument("--source", action="store_true", help="also print the source line of each norm")
-    p.set_defaults(check=check_model_args, run=run)
-    return p
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -43,17 +30,19 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_factory(args: argparse.Namespace, out: TextIO) -> int:
     """`--model pkg.module:factory`: explain the user's module on the inputs its factory returns."""
+    from mxfuse.cli.progress import Progress
     from mxfuse.cli.targets import options_text, pass_options_from
-    from mxfuse.passes.explain import explain_module, load_factory
+    from mxfuse.passes.explain import explain_module
+    from mxfuse_cli.model_spec import ModelSpecError, load, parse
 
     try:
-        module, inputs = load_factory(args.model)
-    except (ImportError, AttributeError, ValueError) as e:
-        detail = str(e).removeprefix("mxfuse explain: ")  # load_factory's own errors already name the command
-        raise SystemExit(f"mxfuse explain: --model {args.model}: {detail}") from None
+        module, inputs = load(parse(args.model))
+    except ModelSpecError as e:
+        raise SystemExit(f"mxfuse explain: --model {e}") from None
     options = pass_options_from(args)
     print(f"mxfuse explain: {args.model}; passes: {options_text(options)}", file=out)
-    explanation = explain_module(module, *inputs, options=options)
+    with Progress("compiling", out):
+        explanation = explain_module(module, *inputs, options=options)
     graphs = [(g.verdicts, g.quant_inputs) for g in explanation.graphs]
     print_verdicts(graphs, args.source, out, fixes=True)
     return 0 if not any(g.report.failed for g in explanation.graphs) else 1

@@ -102,11 +102,16 @@ class RankProgress:
 class ProgressFromEvents:
     """The parent's side of `RankProgress`: turns the events of rank 0 into `Progress` lines."""
 
-    def __init__(self, out: TextIO, prefix: str = "[rank 0] "):
+    def __init__(self, out: TextIO, prefix: str = "[rank 0] ", starting: str | None = None):
+        """`starting`: a line of the parent's own, shown until the first event (the ranks starting up)."""
         self.out, self.prefix = out, prefix
-        self.current: Progress | None = None
+        self.current: Progress | None = Progress(starting, out).__enter__() if starting else None
+        self._starting = starting is not None
 
     def __call__(self, rank: int, event: tuple):
+        if self._starting:  # the first event: the ranks are up
+            self.close(failed=False)
+            self._starting = False
         if event[0] == "start":
             self.current = Progress(self.prefix + event[1], self.out).__enter__()
         elif event[0] == "end" and self.current is not None:

@@ -12,6 +12,11 @@ from mxfuse.ops.mx_layout import packed_width
 from mxfuse.passes.analysis import COUNTED, CPP_KERNELS, NOT_LAUNCHES, TRITON_KERNELS, total_launches
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 layer`, `2 layers`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def kib(n: float) -> str:
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n:.0f} B"
 
@@ -26,7 +31,8 @@ def print_header(config: ModelConfig, tokens: int, device: torch.device, steps: 
         dev_desc += f" ({torch.get_num_threads()} threads)"
     print(f"  device : {dev_desc}, torch {torch.__version__}", file=out)
     print(
-        f"  config : {c.name}: hidden {c.hidden}, {c.n_layers} layers, {c.n_heads} heads / {c.n_kv_heads} kv heads"
+        f"  config : {c.name}: hidden {c.hidden}, {counted(c.n_layers, 'layer')}, {c.n_heads} heads / "
+        f"{c.n_kv_heads} kv heads"
         f" x {c.head_dim}, intermediate {c.intermediate}, vocab {c.vocab}, {str(c.dtype).removeprefix('torch.')}",
         file=out,
     )
@@ -133,10 +139,9 @@ def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
     rows = f"{m} rows{' per rank' if result.world > 1 else ''}"
     print(f"  read back by the quant; M = {rows}, K = {k}) = {kib(per_norm)}", file=out)
     extra = f" + {kept} fused norm(s) that still write y (read saved: M*K*2 B)" if kept else ""
-    plural = "s" if layers > 1 else ""
     print(
         f"  {gone} fused norm(s){extra} = {kib(total)} per step, "
-        f"{kib(total / layers)} per layer ({layers} layer{plural})",
+        f"{kib(total / layers)} per layer ({counted(layers, 'layer')})",
         file=out,
     )
     packed = report.packed_gathers()

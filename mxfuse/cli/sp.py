@@ -9,7 +9,8 @@ from typing import TextIO
 
 import torch
 
-from mxfuse.cli.progress import ProgressFromEvents, RankProgress
+from mxfuse.cli.devices import sp_backend
+from mxfuse.cli.progress import ProgressFromEvents, RankProgress, quiet_torch_imports
 from mxfuse.cli.report import print_header, print_report
 from mxfuse.cli.variants import DemoResult, run_variants
 from mxfuse.models import Model, ModelConfig, example_inputs, local_rows
@@ -22,6 +23,7 @@ def _sp_rank(rank, world, port, backend, config, tokens, steps, pass_options, ev
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore")
+    quiet_torch_imports()  # a spawned rank imports afresh: no "No CUDA runtime is found" in the parent's lines
     if backend == "nccl":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
@@ -47,16 +49,6 @@ def _sp_rank(rank, world, port, backend, config, tokens, steps, pass_options, ev
     return variants if rank == 0 else None, checks
 
 
-def sp_backend(world: int, device_name: str) -> tuple[str, torch.device]:
-    """NCCL on `world` GPUs when asked for (or `auto` and they exist), else gloo on CPU."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device_name == "cuda" and gpus < world:
-        raise SystemExit(f"mxfuse demo --sp {world} --device cuda: only {gpus} GPU(s) present")
-    if device_name in ("auto", "cuda") and gpus >= world:
-        return "nccl", torch.device("cuda", 0)
-    return "gloo", torch.device("cpu")
-
-
 def run_demo_sp(
     config: ModelConfig,
     tokens: int,
@@ -72,15 +64,18 @@ def run_demo_sp(
     pass_options = pass_options or PassOptions()
     if tokens % world:
         raise SystemExit(f"mxfuse demo --sp {world}: --tokens {tokens} is not a multiple of {world}")
-    backend, device = sp_backend(world, device_name)
+    backend, device = sp_backend(world, device_name)  # checked by `mxfuse demo` already: here for other callers
     print_header(config, tokens, device, steps, out, sp=(world, f"{backend} on {device.type}", pass_options.sp_gather))
-    progress = ProgressFromEvents(out)
+    progress = ProgressFromEvents(out, starting=f"starting {world} processes")
     args = (backend, config, tokens, steps, pass_options)
     try:
         results = run_ranks(_sp_rank, world, timeout_s, args=args, on_event=progress)
     except RankFailed as failure:
         progress.close(failed=True)
         raise SystemExit(f"mxfuse demo --sp {world}: {failure}") from None
+    except BaseException:  # Ctrl-C: the line ends before the command says so
+        progress.close(failed=True)
+        raise
     result = DemoResult(device, config, tokens, world=world, sp_gather=pass_options.sp_gather, steps=steps)
     result.variants = results[0][0]
     result.rank_checks = [results[r][1] for r in range(world)]

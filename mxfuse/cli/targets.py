@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from mxfuse.cli.devices import pick_device
+from mxfuse.cli.report import counted
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.passes.options import PassOptions
 
 
-def pick_device(name: str, command: str) -> torch.device:
-    """`auto` -> cuda when a GPU is usable, else cpu; `cuda` without a GPU is an error of `command`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"mxfuse {command}: --device cuda was asked for but no CUDA GPU is available")
-    return torch.device(name)
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers' warnings about the tiny layer's config (token ids beyond its 256-word vocabulary, which
+    the layer never reads) are not the user's to act on: errors only, while it is built."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 @dataclass
@@ -35,7 +43,8 @@ def build_target(args: argparse.Namespace, command: str) -> Target:
         try:
             from mxfuse.hf import tiny_minimax_m3_example
 
-            fn, x = tiny_minimax_m3_example(args.tokens)
+            with _transformers_quiet():
+                fn, x = tiny_minimax_m3_example(args.tokens)
         except ImportError as e:
             raise SystemExit(
                 f"mxfuse {command} --model hf-minimax-m3 needs transformers with MiniMax-M3 ({e}): "
@@ -47,7 +56,7 @@ def build_target(args: argparse.Namespace, command: str) -> Target:
     overrides = {"n_layers": args.layers} if args.layers is not None else {}
     config = ModelConfig.by_name(args.config, **overrides)
     model = Model(config, device=device).eval()
-    desc = f"reference decoder ({config.name}: hidden {config.hidden}, {config.n_layers} layers)"
+    desc = f"reference decoder ({config.name}: hidden {config.hidden}, {counted(config.n_layers, 'layer')})"
     desc += f", {args.tokens} tokens, {device}"
     return Target(model, example_inputs(config, args.tokens, device), desc)
 

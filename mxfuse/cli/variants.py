@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 from mxfuse.cli.recording import RecordingPass, compile_with
-from mxfuse.cli.timing import step_time_ms, synchronize
 from mxfuse.models import ModelConfig, compile_model
 from mxfuse.passes.analysis import capture_wrapper_code, count_launches
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport
 from mxfuse.testing import bitwise_equal
+from mxfuse.timing import step_time_ms, synchronize
 
 PASSES_VARIANT = "mxfuse passes"
 

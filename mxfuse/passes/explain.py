@@ -344,21 +344,3 @@ def explain_module(
     with torch.no_grad():
         compiled(*example_inputs)
     return recorder.explanation()
-
-
-def load_factory(spec: str) -> tuple[Callable, tuple]:
-    """`(module, example_inputs)` from `"pkg.module:factory"`: the factory returns the module and its
-    inputs, as `(module, (x, ...))` or `(module, x)`. For `mxfuse explain --model pkg.module:factory`."""
-    import importlib
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"mxfuse explain: --model {spec!r} is not of the form pkg.module:factory")
-    factory = importlib.import_module(module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-        raise ValueError(f"mxfuse explain: {spec}() must return (module, example_inputs), got {type(made).__name__}")
-    model, inputs = made
-    return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)

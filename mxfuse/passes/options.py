@@ -6,7 +6,9 @@ place that does, for both entry points (`mxfuse.post_grad_pass()` and the vLLM p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import json
 import os
 import tempfile
@@ -61,11 +63,15 @@ class PassOptions:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> PassOptions:
-        """Options from names and values (unknown names raise, listing the known ones)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - known)
+        """Options from names and values (unknown names raise, listing the known ones and the closest)."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(known))
         if unknown:
-            raise TypeError(f"unknown mxfuse option(s) {unknown}; known: {sorted(known)}")
+            close = [m for name in unknown for m in difflib.get_close_matches(name, known, n=1)]
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise TypeError(
+                f"unknown mxfuse option(s) {', '.join(map(repr, unknown))}{hint}; known: {', '.join(known)}"
+            )
         return cls(**kwargs)
 
     @classmethod
@@ -75,18 +81,27 @@ class PassOptions:
         One rule, lowest to highest: the defaults; `MXFUSE_DUMP_DIR` (dump_dir) and
         `MXFUSE_STRICT=1` (strict); `MXFUSE_OPTIONS` (a JSON object of any options);
         the keyword arguments (`dump_dir=None` turns a dump set in the environment off).
+        A bad value taken from the environment raises naming its variable.
         """
         values: dict[str, Any] = {}
-        if os.environ.get(DUMP_DIR_ENV):
-            values["dump_dir"] = os.environ[DUMP_DIR_ENV]
-        strict = os.environ.get(STRICT_ENV, "").strip()
-        if strict:
-            if strict not in ("0", "1"):
-                raise ValueError(f"{STRICT_ENV} must be 0 or 1, got {strict!r}")
-            values["strict"] = strict == "1"
-        values.update(_json_options())
+        for variable, given in _env_options().items():
+            kept = {k: v for k, v in given.items() if k not in overrides}
+            with _naming(variable):
+                cls.from_kwargs(**kept)  # checked on its own, so that its error names it
+            values.update(kept)
         values.update(overrides)
         return cls.from_kwargs(**values)
+
+    @classmethod
+    def for_pass(cls, **overrides: Any) -> PassOptions:
+        """`from_env(**overrides)` with the dump directory probed (:meth:`check_dump_dir`), for the two entry
+        points: a bad value, and a dump directory that cannot hold dumps, fail when the pass is built,
+        naming the environment variable they came from."""
+        options = cls.from_env(**overrides)
+        source = next((v for v, given in _env_options().items() if "dump_dir" in given), None)
+        with _naming(source if "dump_dir" not in overrides else None):
+            options.check_dump_dir()
+        return options
 
     def check_dump_dir(self) -> None:
         """Create `dump_dir` and write a probe file in it, so a path that cannot hold dumps (a
@@ -108,14 +123,43 @@ class PassOptions:
         return json.dumps(keyed, sort_keys=True)
 
 
-def _json_options() -> dict[str, Any]:
-    raw = os.environ.get(OPTIONS_ENV, "").strip()
-    if not raw:
-        return {}
+def _env_options() -> dict[str, dict[str, Any]]:
+    """`{variable: {option: value}}` of the variables that are set, lowest precedence first."""
+    found: dict[str, dict[str, Any]] = {}
+    for variable, parse in ((DUMP_DIR_ENV, _dump_dir), (STRICT_ENV, _strict), (OPTIONS_ENV, _json_options)):
+        raw = os.environ.get(variable, "").strip()
+        if raw:
+            with _naming(variable):
+                found[variable] = parse(raw)
+    return found
+
+
+def _dump_dir(raw: str) -> dict[str, Any]:
+    return {"dump_dir": raw}
+
+
+def _strict(raw: str) -> dict[str, Any]:
+    if raw not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return {"strict": raw == "1"}
+
+
+def _json_options(raw: str) -> dict[str, Any]:
     try:
         values = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{OPTIONS_ENV} is not valid JSON ({e}): {raw!r}") from None
+        raise ValueError(f"not valid JSON ({e})") from None
     if not isinstance(values, dict):
-        raise ValueError(f"{OPTIONS_ENV} must be a JSON object, got {raw!r}")  # noqa: TRY004 - a bad value
+        raise ValueError("must be a JSON object of mxfuse options")  # noqa: TRY004 - a bad value
     return values
+
+
+@contextlib.contextmanager
+def _naming(variable: str | None):
+    """Re-raise an option error with the environment variable it came from in front (same type, one line)."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if variable is None:
+            raise
+        raise type(e)(f"{variable}={os.environ[variable]!r}: {e}") from None

@@ -4,7 +4,10 @@ vLLM resolves `"mxfuse.vllm_pass"` from its compilation config with
 `__import__("mxfuse").__dict__["vllm_pass"]`; :mod:`mxfuse` binds that attribute to
 :func:`vllm_pass` as soon as vLLM's pass module exists. Options come from the
 environment by :meth:`PassOptions.from_env` (the rule `mxfuse.post_grad_pass()` uses),
-read at each call and in `uuid()`, so vLLM's compile cache follows them.
+checked when the pass is built (which is when vLLM's config resolves `"mxfuse.vllm_pass"`:
+`__import__("mxfuse")` binds it then, or vLLM's pass module loads after mxfuse), so a bad
+`MXFUSE_OPTIONS` fails while vLLM builds its config, naming the variable; then read again at
+each call and in `uuid()`, so vLLM's compile cache follows them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class MxfuseVllmPass(InductorPass):
     def __init__(self, options: PassOptions | None = None):
         if options is not None:
             options.check_dump_dir()
+        else:
+            PassOptions.for_pass()  # the environment checked now, not at the first compile
         self._options = options  # None: from the environment at each use
         self.last_report: PassReport | None = None
         self._nonce = uuid.uuid4().hex

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from mxfuse_cli.model_spec import FORM, RETURNS, ModelSpecError, check_findable, parse
+
 CONFIG_NAMES = ("tiny", "m3-flash-tp4")
 SP_GATHER_MODES = ("auto", "bf16", "mxfp8")
 MODEL_NAMES = ("reference", "hf-minimax-m3")
@@ -45,11 +47,17 @@ def add_pass_args(p: argparse.ArgumentParser):
 
 
 def model_spec(text: str) -> str:
-    """argparse `type=` for `explain --model`: a known model name, or `pkg.module:factory`."""
-    module, sep, factory = text.partition(":")
-    if text in MODEL_NAMES or (sep and module and factory):
+    """argparse `type=` for `explain --model`: a known model name, or `pkg.module:factory` (its form checked,
+    and its top-level module found, without importing anything)."""
+    if text in MODEL_NAMES:
         return text
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(MODEL_NAMES)} or pkg.module:factory, got {text!r}")
+    if ":" not in text:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(MODEL_NAMES)} or {FORM}, got {text!r}")
+    try:
+        check_findable(parse(text))
+    except ModelSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def is_factory(model: str) -> bool:
@@ -65,8 +73,9 @@ def add_model_args(p: argparse.ArgumentParser, factories: bool = False):
             "--model",
             type=model_spec,
             default="reference",
-            metavar="{" + ",".join((*MODEL_NAMES, "pkg.module:factory")) + "}",
-            help="what to compile (default: reference); pkg.module:factory returns (module, example_inputs)",
+            metavar="{" + ",".join((*MODEL_NAMES, FORM)) + "}",
+            help=f"what to compile (default: reference); {FORM}: a function taking no arguments that returns "
+            f"{RETURNS}, its module found as python -m finds one (the current directory first, then sys.path)",
         )
     else:
         p.add_argument("--model", choices=MODEL_NAMES, default="reference", help="what to compile (default: reference)")

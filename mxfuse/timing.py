@@ -1,5 +1,7 @@
 """Timing shared by the `mxfuse demo` command and the GPU benchmarks in `tools/` (docs: "Measuring").
 
+The L2 size comes from the device (`l2_bytes`), so the flush and the input-set count fit any GPU.
+
 `time_cuda_graph(fn, inputs_list)` captures ONE CUDA graph of `calls` back-to-back calls
 `fn(inputs_list[j % len(inputs_list)])` (a tuple is splatted: `fn(*inputs)`), replays it
 `replays` times and returns the median microseconds per call. Before each timed replay
@@ -30,24 +32,28 @@ import torch
 
 log = logging.getLogger(__name__)
 
-L2_BYTES = 60 * 2**20  # H200
 CALLS = 64
 REPLAYS = 7
 
 
+def l2_bytes(device=None) -> int:
+    """The L2 size of `device` (default: the current CUDA device), as the driver reports it."""
+    return torch.cuda.get_device_properties(torch.device(device or "cuda")).L2_cache_size
+
+
 @functools.cache
 def _flush_buffer(device: torch.device) -> torch.Tensor:
-    return torch.empty(4 * L2_BYTES, dtype=torch.uint8, device=device)
+    return torch.empty(4 * l2_bytes(device), dtype=torch.uint8, device=device)
 
 
 def flush_l2(device=None):
     """Write 4x the L2 size so nothing of the benchmark's inputs stays cached."""
-    _flush_buffer(torch.device(device or "cuda")).fill_(1)
+    _flush_buffer(torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())).fill_(1)
 
 
-def n_input_sets(bytes_per_set: int, calls: int = CALLS, factor: float = 3.0) -> int:
+def n_input_sets(bytes_per_set: int, calls: int = CALLS, factor: float = 3.0, device=None) -> int:
     """Input sets to cycle through so `calls` calls touch >= factor x L2 (at least 2, at most `calls`)."""
-    return int(min(calls, max(2, math.ceil(factor * L2_BYTES / max(1, bytes_per_set)))))
+    return int(min(calls, max(2, math.ceil(factor * l2_bytes(device) / max(1, bytes_per_set)))))
 
 
 def _call(fn, inp):

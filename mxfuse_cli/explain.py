@@ -1,0 +1,22 @@
+"""`mxfuse explain`: its arguments and their checks (what it runs: :mod:`mxfuse.cli.explain`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mxfuse_cli.args import add_model_args, check_model_args
+
+NAME = "explain"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        NAME,
+        help="for every Gemma norm of the compiled graph: fused or not, and why",
+        description="Compile a model with the mxfuse passes and say, for every Gemma norm of the graph, whether "
+        "it fused and if not why, with its module and source line.",
+    )
+    add_model_args(p, factories=True)
+    p.add_argument("--source", action="store_true", help="also print the source line of each norm")
+    p.set_defaults(check=check_model_args)
+    return p
