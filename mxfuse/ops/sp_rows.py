@@ -18,15 +18,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mxfuse.ops.process_groups import find_group
+from mxfuse.ops.process_groups import rank_in_group
 
 
 def _rank_in_group(group_name: str, vllm: bool) -> int:
-    group = find_group(group_name, vllm)
-    if group is None:
+    rank = rank_in_group(group_name, vllm)
+    if rank is None:
         family = "vLLM group" if vllm else "torch process group"
         raise RuntimeError(f"mxfuse::sp_local_rows: no {family} named {group_name!r} in this process")
-    return group.rank
+    return rank
 
 
 @torch.library.custom_op("mxfuse::sp_local_rows", mutates_args=())

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
-from mxfuse.ops.process_groups import find_group
+from mxfuse.ops.process_groups import group_size
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
 
 
@@ -96,5 +96,4 @@ def world_size_of(graph: fx.Graph, family: str, group_name: str) -> int | None:
         size = static_int(get_arg_value(node, names.index(key), key))
         if size is not None:
             return size
-    group = find_group(group_name, vllm=family == "vllm")
-    return None if group is None else group.world_size
+    return group_size(group_name, vllm=family == "vllm")
