@@ -38,6 +38,7 @@ next MXFP8 quantization often, not always, hides it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -238,8 +239,7 @@ def swiglu_oai_native(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float
     return ((up + 1.0) * (gate * torch.sigmoid(gate * alpha))).to(gate_up.dtype)
 
 
-@torch.library.custom_op("mxfuse_models::swiglu_oai", mutates_args=())
-def swiglu_oai_op(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
+def _swiglu_oai_opaque(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
     """:func:`swiglu_oai_native` as one opaque node (like vLLM's own activation kernel).
 
     Not part of the mxfuse op contract; it exists so the reference model's compiled
@@ -248,14 +248,25 @@ def swiglu_oai_op(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = S
     return swiglu_oai_native(gate_up, alpha, limit)
 
 
-@swiglu_oai_op.register_fake
-def _(gate_up, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT):
+def _swiglu_oai_fake(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+@functools.cache
+def register_activation() -> None:
+    """Register `mxfuse_models::swiglu_oai` once: when the first layer that uses it is built (or on
+    its first eager call), never when this module is imported (the model's op is not mxfuse's)."""
+    op = torch.library.custom_op("mxfuse_models::swiglu_oai", _swiglu_oai_opaque, mutates_args=())
+    op.register_fake(_swiglu_oai_fake)
 
 
 def swiglu_oai(gate_up: Tensor, native: bool = False) -> Tensor:
     """The model's activation: the opaque op by default, plain PyTorch with `native=True`."""
-    return swiglu_oai_native(gate_up) if native else torch.ops.mxfuse_models.swiglu_oai(gate_up)
+    if native:
+        return swiglu_oai_native(gate_up)
+    if not torch.compiler.is_compiling():  # a compiled layer registered it when it was built
+        register_activation()
+    return torch.ops.mxfuse_models.swiglu_oai(gate_up)
 
 
 class DecoderLayer(nn.Module):
@@ -270,6 +281,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = GemmaNorm(c.hidden, c.eps, gen, dt, device)
         self.gate_up_proj = MXFP8Linear(c.hidden, 2 * c.intermediate, gen, dt, device)
         self.down_proj = MXFP8Linear(c.intermediate, c.hidden, gen, dt, device)
+        register_activation()
 
     def attention(self, qkv: Tensor) -> Tensor:
         """Causal GQA attention over all rows of `qkv` `[T, q + 2 kv]` -> `[T, q]`."""

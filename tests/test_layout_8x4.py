@@ -1,4 +1,4 @@
-"""The 8x4 scale layout of `vllm.flashinfer_mxfp8_quantize_8x4` (mxfuse/ops/layout_8x4.py).
+"""The 8x4 scale layout of `vllm.flashinfer_mxfp8_quantize_8x4` (tests/layout_8x4.py).
 
 No CPU implementation of that layout exists to compare with: vLLM registers the op for CUDA
 only, and FlashInfer's host path raises "layout_8x4 is not supported for mxfp8 quantization on
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from mxfuse.ops.layout_8x4 import scales_8x4_numel, swizzle_scales_8x4, unswizzle_scales_8x4
+from layout_8x4 import scales_8x4_numel, swizzle_scales_8x4, unswizzle_scales_8x4
 
 SHAPES = [(1, 32), (2, 128), (7, 96), (8, 128), (9, 160), (16, 6144), (33, 3072)]
 

@@ -45,12 +45,12 @@ from mxfuse.passes import explain as ex, post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns import sequence_parallel as sp
 from mxfuse.patterns.results import Fusion, Scope, Skip
+from mxfuse.testing import assert_bitwise, bitwise_equal
 
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
 GROUP = "sp_rewrite_test"
 CONFIG = ModelConfig.tiny(n_kv_heads=4)  # 4 heads / 4 kv heads: splits over 2 and 4 ranks
-FP8 = torch.float8_e4m3fn
 
 
 # ------------------------------------------------------------------ fixtures and helpers
@@ -167,17 +167,6 @@ def _sum(tensors):
     for t in tensors[1:]:
         acc = acc + t
     return acc
-
-
-def bits(t):
-    if t.dtype in (FP8, torch.uint8):
-        return t.view(torch.uint8)
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def assert_bitwise(actual, expected):
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (actual.shape, expected.shape)
-    assert torch.equal(bits(actual), bits(expected))
 
 
 def counts(gm) -> dict:
@@ -517,12 +506,12 @@ def _sp_checks(model, world, modes, all_reduce, reduce_scatter, fuse_norm_quant=
         options = PassOptions.from_env(sequence_parallel=True, sp_gather=mode, fuse_norm_quant=fuse_norm_quant)
         run = _compile_runs(model, ids, options)
         outs[mode] = run.pop("outs")  # tensors stay in the rank process
-        run["same_as_eager"] = {n: torch.equal(bits(outs[mode][n]), bits(eager[n])) for n in TOKENS}
+        run["same_as_eager"] = {n: bitwise_equal(outs[mode][n], eager[n]) for n in TOKENS}
         run["rel_l2"] = {
             n: float((outs[mode][n].float() - eager[n].float()).norm() / eager[n].float().norm()) for n in TOKENS
         }
         results[mode] = run
-    results["modes_equal"] = [torch.equal(bits(outs[modes[0]][n]), bits(outs[m][n])) for m in modes for n in TOKENS]
+    results["modes_equal"] = [bitwise_equal(outs[modes[0]][n], outs[m][n]) for m in modes for n in TOKENS]
     return results
 
 
@@ -572,7 +561,7 @@ def _skipped_graph_runs(group) -> dict:
     finally:
         globals()["GROUP"] = saved
     skips = [s.code for s in capture.report.skipped if s.rewrite == sp.NAME]
-    return {"skips": skips, "same": all(torch.equal(bits(a), bits(b)) for a, b in zip(out, want))}
+    return {"skips": skips, "same": all(bitwise_equal(a, b) for a, b in zip(out, want))}
 
 
 def _vllm_gemma_norm(norm):

@@ -139,7 +139,7 @@ TRTLLM_8X4 = Case(
 NOT_RECOGNIZED_8X4 = (
     "mxfuse does not replace vllm.flashinfer_mxfp8_quantize_8x4 (vLLM's TRT-LLM MXFP8 linear, selected"
     " with KernelConfig.linear_backend='flashinfer_trtllm'): its 8x4 layout is known exactly"
-    " (mxfuse/ops/layout_8x4.py) but its scale rule is not the E8M0 rule of the fused op (an approximate"
+    " (tests/layout_8x4.py) but its scale rule is not the E8M0 rule of the fused op (an approximate"
     " 1/448, rounding toward +inf, codes clamped to +-448, NaN -> 448), and its bits can only be checked"
     " on sm_100; the sites are found but none fuses"
 )

@@ -18,19 +18,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mxfuse.ops.process_groups import rank_in_group
+
 
 def _rank_in_group(group_name: str, vllm: bool) -> int:
-    if vllm:
-        from vllm.distributed import parallel_state
-
-        ref = parallel_state._groups.get(group_name)
-        group = ref() if ref is not None else None
-        if group is None:
-            raise RuntimeError(f"mxfuse::sp_local_rows: no vLLM group named {group_name!r} in this process")
-        return group.rank_in_group
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name).rank()
+    rank = rank_in_group(group_name, vllm)
+    if rank is None:
+        family = "vLLM group" if vllm else "torch process group"
+        raise RuntimeError(f"mxfuse::sp_local_rows: no {family} named {group_name!r} in this process")
+    return rank
 
 
 @torch.library.custom_op("mxfuse::sp_local_rows", mutates_args=())

@@ -15,6 +15,7 @@ import torch
 from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
+from mxfuse.ops.process_groups import group_size
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
 
 
@@ -95,14 +96,4 @@ def world_size_of(graph: fx.Graph, family: str, group_name: str) -> int | None:
         size = static_int(get_arg_value(node, names.index(key), key))
         if size is not None:
             return size
-    try:
-        if family == "vllm":
-            from vllm.distributed import parallel_state
-
-            ref = parallel_state._groups.get(group_name)
-            return ref().world_size if ref is not None and ref() is not None else None
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return _resolve_process_group(group_name).size()
-    except Exception:  # noqa: BLE001 - no such group in this process: the caller skips with a reason
-        return None
+    return group_size(group_name, vllm=family == "vllm")

@@ -18,19 +18,47 @@ graph; `y` is the bf16 activation `[..., K]`, `S = K/32`)::
 EMULATED dequantizes `codes` and the row-major `scales`; AUTO feeds `_scaled_mm` the flat
 blocked (F8_128x4) scales. For a bf16 amax both spellings give the exact `ceil(log2(amax /
 448))` of docs/design.md ("The E8M0 scale of a block"); NaN and scale byte 0 differ from the
-default encoding: :attr:`QuantRule.TORCHAO`. :func:`match_torchao_quant` checks every node and constant of the
-chain (reshape sizes only through fake shapes: any K, dynamic M);
-:meth:`TorchaoQuantMatch.replace_outputs` rewires its readers to a fused op, leaving it dead.
+default encoding: :attr:`QuantRule.TORCHAO`.
+
+The chain is declared as Inductor pattern trees (`CallFunction` / `KeywordArg`, each
+spelling from one factory, as `torch/_inductor/fx_passes/micro_pipeline_tp.py` does):
+:func:`_quant_patterns` (head -> codes and scales, one `MultiOutputPattern` whose later
+outputs Inductor finds forward from the head), :func:`_exponent_patterns` (the two
+spellings of `e`), :func:`_descale_pattern` and :func:`_blocked_patterns` (the views and
+permutes of `to_blocked`, a `clone` after a permute or not). Scalars match as literals or
+as the `scalar_tensor` / 0-d `full` nodes decompositions make of them (:class:`Scalar`);
+sizes are read through fake shapes after the match (any K, dynamic M). Two steps stay
+hand-walked because Inductor's rewriting leaves them no fixed shape: the zero padding
+before `to_blocked` (which of its `copy` / `slice_scatter` writes survive depends on
+whether M and S are already multiples of 128 and 4: :func:`_zero_padded`) and the
+reshapes between `y` and the head (any number of them: :func:`_before_views`).
+:meth:`TorchaoQuantMatch.replace_outputs` rewires the chain's readers to a fused op,
+leaving it dead.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
+from torch._inductor.pattern_matcher import (
+    MULTIPLE,
+    CallFunction,
+    FailedMatch,
+    KeywordArg,
+    Match,
+    MatchContext,
+    MatchResult,
+    MultiOutputPattern,
+    PatternExpr,
+)
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._ordered_set import OrderedSet
 
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, FP8_MAX, SWIZZLE_COLUMN_TILE, padded_rows, round_up
 from mxfuse.ops.reference import E8M0_NAN, QuantRule
@@ -79,7 +107,7 @@ class TorchaoQuantMatch:
         Inserts the views torchao's readers expect (`[M, K]`; e8m0fnu, flat when blocked)
         just before the old nodes; the decomposed chain is left without users.
         """
-        k = fake(self.codes).shape[-1]
+        k = _fake(self.codes).shape[-1]
         with graph.inserting_before(self.codes):
             new_codes = call(graph, aten.reshape.default, (codes, [-1, k]))
         with graph.inserting_before(self.scales):
@@ -97,18 +125,13 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
         return None  # bf16 only: for fp32 input torchao's float log2 is not the exact ceiling
     if static_int(h.shape[-1]) != BLOCK:
         return None
-    descale = _descale(head)
-    h32 = _only_user(head, prims.convert_element_type.default, check=lambda n: n.args[1] == torch.float32)
-    if descale is None or h32 is None:
+    found = _match_chain(head)
+    if found is None:
         return None
-    multiplier = _only_user(descale, aten.where.self, check=lambda n: n.args[1] is descale)
-    exponent = _multiplier_exponent(multiplier)
-    spelling = _exponent_spelling(exponent, descale)
+    _, codes, scales = found.output_nodes()
+    assert codes is not None and scales is not None  # every output of the pattern matched
+    spelling = _exponent_spelling(found.kwargs["exponent"], found.kwargs["descale"])
     if spelling is None:
-        return None
-    codes = _codes(h32, multiplier, head)
-    scales = _row_scales(exponent, head)
-    if codes is None or scales is None:
         return None
     blocked = _to_blocked(scales)
     x, reads = _before_views(head, h.shape[-2] * BLOCK)
@@ -142,127 +165,221 @@ def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
     return sorted((m for m in found if m.x is node), key=lambda m: order[m.node])
 
 
-# --------------------------------------------------------------------------- the chain
+# --------------------------------------------------------------------------- the pattern trees
 
 
-def _descale(head: fx.Node) -> fx.Node | None:
-    """`div(convert(unsqueeze(amax(abs(head), [-1]), -1), f32), 448.0)`."""
-    node = _only_user(head, aten.abs.default)
-    node = _only_user(node, aten.amax.default, check=lambda n: len(n.args) == 2 and _is_last_dim(n.args[1], head))
-    node = _only_user(node, aten.unsqueeze.default, check=lambda n: _is_last_dim([n.args[1]], head))
-    node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == torch.float32)
-    return _only_user(node, aten.div.Tensor, check=lambda n: _value(n.args[1]) == FP8_MAX)
+class Scalar(PatternExpr):
+    """A scalar operand equal to `value`: a literal, or the `scalar_tensor(value)` / 0-d
+    `full([], value)` node a decomposition makes of `where`'s scalar operand."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.value!r})"
+
+    def _match(self, node: Any, ctx: MatchContext) -> MatchResult:
+        if _scalar(node) == self.value:
+            return Match(ctx, self)
+        return FailedMatch("{} is not the scalar {}", node, self.value)
+
+    def pattern_eq(self, other: Any) -> bool:
+        return super().pattern_eq(other) and self.value == other.value
 
 
-def _multiplier_exponent(multiplier: fx.Node | None) -> fx.Node | None:
-    """The E8M0 byte `e` of `where(e == 255, d, where(e == 254, 2**-127, where(e == 0, 1.0, exp2(127 - f32(e)))))`."""
-    if multiplier is None:
-        return None
-    exponent = _eq_operand(multiplier.args[0], E8M0_NAN)
-    inf = multiplier.args[2]
-    if exponent is None or not is_call(inf, aten.where.self) or _eq_operand(inf.args[0], 254) is not exponent:
-        return None
-    if _value(inf.args[1]) != 2.0**-127:
-        return None
-    zero = inf.args[2]
-    if (
-        not is_call(zero, aten.where.self)
-        or _eq_operand(zero.args[0], 0) is not exponent
-        or _value(zero.args[1]) != 1.0
-    ):
-        return None
-    exp2 = zero.args[2]
-    if not is_call(exp2, aten.exp2.default) or not is_call(exp2.args[0], aten.sub.Tensor):
-        return None
-    minuend, e32 = exp2.args[0].args
-    if _value(minuend) != 127 or not _is_convert(e32, torch.float32) or e32.args[0] is not exponent:
-        return None
-    return exponent
+def _op(target: Any, *args: Any, **kwargs: Any) -> CallFunction:
+    """A call of `target` (or of any of a tuple of targets) whatever its users: the chain's nodes
+    may be read elsewhere too (replacing codes and scales then leaves those readers alone)."""
+    return CallFunction(target, *args, _users=MULTIPLE, **kwargs)
 
 
-def _exponent_spelling(exponent: fx.Node | None, descale: fx.Node) -> ScaleSpelling | None:
-    if exponent is not None and _is_log2_rceil(exponent, descale):
-        return ScaleSpelling.LOG2
-    if _is_convert(exponent, torch.uint8) and _is_ptx_rceil(exponent.args[0], descale):
-        return ScaleSpelling.PTX
+def _convert(x: PatternExpr, dtype: torch.dtype) -> CallFunction:
+    return _op(prims.convert_element_type.default, x, dtype)
+
+
+def _where(cond: PatternExpr, a: Any, b: PatternExpr) -> CallFunction:
+    return _op(aten.where.self, cond, a, b)
+
+
+def _eq(x: PatternExpr, value: int) -> CallFunction:
+    return _op(aten.eq.Scalar, x, Scalar(value))
+
+
+def _clamps(x: PatternExpr, low: float, high: float) -> list[CallFunction]:
+    """Both spellings of `x` clamped to `[low, high]`: one `clamp`, or `clamp_max(clamp_min(x))`."""
+    return [
+        _op(aten.clamp.default, x, Scalar(low), Scalar(high)),
+        _op(aten.clamp_max.default, _op(aten.clamp_min.default, x, Scalar(low)), Scalar(high)),
+    ]
+
+
+@functools.cache
+def _quant_patterns() -> tuple[MultiOutputPattern, ...]:
+    """`[head, codes, scales]` of the chain, every spelling of the codes' clamp and of an `alias`
+    before the scales' squeeze; `e` and `d` stay keyword args, checked by the patterns below."""
+    head = _op(_VIEWS, KeywordArg("rows"), KeywordArg("head_shape"))
+    exponent, descale = KeywordArg("exponent"), KeywordArg("descale")
+    multiplier = _where(
+        _eq(exponent, E8M0_NAN),
+        descale,
+        _where(
+            _eq(exponent, 254),
+            Scalar(2.0**-127),
+            _where(
+                _eq(exponent, 0),
+                Scalar(1.0),
+                _op(aten.exp2.default, _op(aten.sub.Tensor, Scalar(127), _convert(exponent, torch.float32))),
+            ),
+        ),
+    )
+    scaled = _op(aten.mul.Tensor, _convert(head, torch.float32), multiplier)
+    byte_view = _op(aten.view.dtype, exponent, torch.float8_e8m0fnu)
+    squeezes = [
+        _op(aten.squeeze.dim, byte_view, KeywordArg("squeeze_dim")),
+        _op(aten.squeeze.dim, _op(aten.alias.default, byte_view), KeywordArg("squeeze_dim")),
+    ]
+    return tuple(
+        MultiOutputPattern([head, _op(_VIEWS, _convert(clamped, FP8_DTYPE), KeywordArg("codes_shape")), scales])
+        for clamped, scales in itertools.product(_clamps(scaled, -FP8_MAX, FP8_MAX), squeezes)
+    )
+
+
+@functools.cache
+def _descale_pattern() -> CallFunction:
+    """`d = div(convert(unsqueeze(amax(abs(head), dims), dim), f32), 448.0)`."""
+    amax = _op(aten.amax.default, _op(aten.abs.default, KeywordArg("head")), KeywordArg("amax_dims"))
+    return _op(
+        aten.div.Tensor,
+        _convert(_op(aten.unsqueeze.default, amax, KeywordArg("unsqueeze_dim")), torch.float32),
+        Scalar(FP8_MAX),
+    )
+
+
+@functools.cache
+def _exponent_patterns() -> tuple[tuple[ScaleSpelling, CallFunction], ...]:
+    """The E8M0 byte `e` of `d` in each spelling (the log2 one in both clamp spellings)."""
+    log2 = [
+        _where(
+            _op(aten.isnan.default, KeywordArg("descale")),
+            Scalar(E8M0_NAN),
+            _where(
+                _op(aten.isinf.default, KeywordArg("descale")),
+                Scalar(254),
+                _convert(_op(aten.add.Tensor, clamped, Scalar(127)), torch.uint8),
+            ),
+        )
+        for clamped in _clamps(_op(aten.ceil.default, _op(aten.log2.default, KeywordArg("descale"))), -127, 127)
+    ]
+    patterns = [(ScaleSpelling.LOG2, p) for p in log2]
+    hop = _inline_asm()
+    if hop is not None:  # torch < 2.12 has no inline asm, and torchao then never emits it
+        ptx = _op(hop, KeywordArg("descale"), asm_str=KeywordArg("asm"), dtype=torch.uint16)
+        patterns.append((ScaleSpelling.PTX, _convert(ptx, torch.uint8)))
+    return tuple(patterns)
+
+
+def _inline_asm() -> Any:
+    try:
+        from torch._higher_order_ops.inline_asm_elementwise import inline_asm_elementwise
+    except ImportError:
+        return None
+    return inline_asm_elementwise
+
+
+@functools.cache
+def _blocked_patterns() -> tuple[tuple[CallFunction, KeywordArg], ...]:
+    """torchao's `to_blocked` after the padding, as compiled, with its leaf (the padded scales):
+    views `[R/128, 128, C/4, 4]`, permutes (0, 2, 1, 3), views `[-1, 4, 32, 4]`, swaps dims 1
+    and 2, views `[-1, 32, 16]`, flattens; Inductor puts a `clone` after either permute where it
+    likes. Sizes are checked on the fake shapes (:func:`_is_blocked`)."""
+
+    def swap_1_2(x: PatternExpr, clone: bool) -> CallFunction:
+        swapped = _op(aten.permute.default, x, [0, 2, 1, 3])
+        return _op(aten.clone.default, swapped) if clone else swapped
+
+    patterns = []
+    for first_clone, second_clone in itertools.product((False, True), repeat=2):
+        padded = KeywordArg("padded")
+        tiles = swap_1_2(_op(_VIEWS, padded, KeywordArg("tiles")), first_clone)
+        blocks = swap_1_2(_op(_VIEWS, tiles, KeywordArg("blocks")), second_clone)
+        patterns.append((_op(_VIEWS, _op(_VIEWS, blocks, KeywordArg("rows32")), KeywordArg("flat")), padded))
+    return tuple(patterns)
+
+
+def _match_forward(pattern: PatternExpr, leaf: PatternExpr, node: fx.Node) -> Match | None:
+    """`pattern` matched at a node reached forward from `node`, which its `leaf` stands for:
+    Inductor's own search for the later outputs of a `MultiOutputPattern`."""
+    anchors = pattern.find_anchor_nodes(MatchContext([pattern], {leaf: node}, graph=node.graph), OrderedSet())
+    for anchor in list(anchors):
+        found = MatchContext([pattern], {leaf: node}, graph=node.graph).match(pattern, anchor)
+        if isinstance(found, Match):
+            return found
     return None
 
 
-def _is_log2_rceil(exponent: fx.Node, descale: fx.Node) -> bool:
-    """`where(isnan(d), 255, where(isinf(d), 254, u8(clamp(ceil(log2(d)), -127, 127) + 127)))`."""
-    if not (is_call(exponent, aten.where.self) and _is_unary(exponent.args[0], aten.isnan.default, descale)):
-        return False
-    inner = exponent.args[2]
-    if _value(exponent.args[1]) != E8M0_NAN or not is_call(inner, aten.where.self):
-        return False
-    if not _is_unary(inner.args[0], aten.isinf.default, descale) or _value(inner.args[1]) != 254:
-        return False
-    node = inner.args[2]
-    if not _is_convert(node, torch.uint8) or not is_call(node.args[0], aten.add.Tensor):
-        return False
-    node, bias = node.args[0].args
-    if _value(bias) != 127:
-        return False
-    node = _clamped(node, -127, 127)
-    if not is_call(node, aten.ceil.default):
-        return False
-    return _is_unary(node.args[0], aten.log2.default, descale)
+# --------------------------------------------------------------------------- the guards
 
 
-def _is_ptx_rceil(node, descale: fx.Node) -> bool:
-    """`inline_asm_elementwise(d, asm_str="cvt.rp.satfinite.ue8m0x2.f32 $0, 0.0, $1;", dtype=uint16)`."""
-    try:
-        from torch._higher_order_ops.inline_asm_elementwise import inline_asm_elementwise as hop
-    except ImportError:  # torch < 2.12 has no inline asm, and torchao then never emits it
-        return False
-    if not is_call(node, hop) or tuple(node.args) != (descale,):
-        return False
-    asm = node.kwargs.get("asm_str", "")
-    return asm.split()[:1] == [_PTX_RCEIL] and "0.0" in asm and node.kwargs.get("dtype") == torch.uint16
+def _match_chain(head: fx.Node) -> Match | None:
+    """The first spelling of :func:`_quant_patterns` that matches at `head` and passes the guards."""
+    for pattern in _quant_patterns():
+        found = pattern.match(head)
+        if isinstance(found, Match) and _is_rows_quant(found, head):
+            return found
+    return None
 
 
-def _codes(h32: fx.Node, multiplier: fx.Node, head: fx.Node) -> fx.Node | None:
-    """`reshape(e4m3(clamp(mul(f32(head), r), -448, 448)), [M, K])`."""
-    node = _only_user(h32, aten.mul.Tensor, check=lambda n: tuple(n.args) == (h32, multiplier))
-    node = _clamp_users(node, -FP8_MAX, FP8_MAX)
-    node = _only_user(node, prims.convert_element_type.default, check=lambda n: n.args[1] == FP8_DTYPE)
-    node = _only_user(node, *_VIEWS)
-    return node if _shape_is(node, fake(head.args[0]).shape) else None
+def _is_rows_quant(found: Match, head: fx.Node) -> bool:
+    """The matched chain quantizes `head`'s rows of 32, its codes have the shape of the rows
+    before the head, and its descale is `amax / 448` of `head` over its last dim."""
+    codes, rows = found.output_nodes()[1], fake(found.kwargs["rows"])
+    descale = _descale_pattern().match(found.kwargs["descale"])
+    return (
+        isinstance(descale, Match)
+        and descale.kwargs["head"] is head
+        and _is_last_dim(descale.kwargs["amax_dims"], head)
+        and _is_last_dim([descale.kwargs["unsqueeze_dim"]], head)
+        and _is_last_dim([found.kwargs["squeeze_dim"]], head)
+        and rows is not None
+        and _shape_is(codes, rows.shape)
+    )
 
 
-def _row_scales(exponent: fx.Node, head: fx.Node) -> fx.Node | None:
-    """`squeeze(view.dtype(e, e8m0fnu), -1)` (an `alias` in between is allowed)."""
-    node = _only_user(exponent, aten.view.dtype, check=lambda n: n.args[1] == torch.float8_e8m0fnu)
-    while _only_user(node, aten.alias.default) is not None:
-        node = _only_user(node, aten.alias.default)
-    return _only_user(node, aten.squeeze.dim, check=lambda n: _is_last_dim([n.args[1]], head))
+def _exponent_spelling(exponent: fx.Node, descale: fx.Node) -> ScaleSpelling | None:
+    for spelling, pattern in _exponent_patterns():
+        found = pattern.match(exponent)
+        if not isinstance(found, Match) or found.kwargs["descale"] is not descale:
+            continue
+        if spelling is ScaleSpelling.PTX:
+            asm = found.kwargs["asm"]
+            if not isinstance(asm, str) or asm.split()[:1] != [_PTX_RCEIL] or "0.0" not in asm:
+                continue
+        return spelling
+    return None
 
 
 def _to_blocked(scales: fx.Node) -> fx.Node | None:
     """torchao's `to_blocked(scales)` as compiled: the flat blocked node, or None when the
-    scales are read row-major.
+    scales are read row-major (`to_blocked` zero-pads to `[pad128(M), pad4(S)]` first)."""
+    padded = _zero_padded(scales)
+    if padded is None:
+        return None
+    for pattern, leaf in _blocked_patterns():
+        found = _match_forward(pattern, leaf, padded)
+        if found is not None and _is_blocked(found):
+            return found.output_node()
+    return None
 
-    `to_blocked` zero-pads to `[pad128(M), pad4(S)]` (`padded[:M, :S] = scales`), views
-    `[R/128, 128, C/4, 4]`, permutes (0, 2, 1, 3), views `[-1, 4, 32, 4]`, swaps dims 1 and
-    2, views `[-1, 32, 16]` and flattens. Inductor drops the padding writes that cover a
-    whole dim and adds a `clone` after a permute where it likes; both are accepted.
-    """
-    node = _zero_padded(scales)
-    swap_1_2 = (aten.permute.default,), lambda n: list(n.args[1]) == [0, 2, 1, 3]
-    steps = (
-        (_VIEWS, lambda n: _dims(n, {1: 128, 3: 4}, rank=4)),
-        swap_1_2,
-        (_VIEWS, lambda n: _dims(n, {1: 4, 2: 32, 3: 4}, rank=4)),
-        swap_1_2,
-        (_VIEWS, lambda n: _dims(n, {1: 32, 2: 16}, rank=3)),
-        (_VIEWS, lambda n: _dims(n, {}, rank=1)),
-    )
-    for targets, check in steps:
-        node = _skip_clones(node)
-        node = _only_user(node, *targets, check=check)
-        if node is None:
-            return None
-    return node
+
+def _is_blocked(found: Match) -> bool:
+    """The four views of a match of :func:`_blocked_patterns` have to_blocked's sizes."""
+    views = [n for n in found.nodes if is_call(n, *_VIEWS)]
+    sizes = (({1: 128, 3: 4}, 4), ({1: 4, 2: 32, 3: 4}, 4), ({1: 32, 2: 16}, 3), ({}, 1))
+    return len(views) == 4 and all(any(_dims(v, dims, rank) for v in views) for dims, rank in sizes)
+
+
+# --------------------------------------------------------------------------- hand walks and small helpers
 
 
 def _zero_padded(scales: fx.Node) -> fx.Node | None:
@@ -296,34 +413,17 @@ def _writes_at_origin(user: fx.Node, value: fx.Node) -> bool:
     return False
 
 
-def _root_of(node) -> fx.Node | None:
+def _root_of(node: Any) -> fx.Node | None:
     """The `full(..., 0)` under slices at offset 0 (so `node` is all zeros), else None."""
     while is_call(node, aten.slice.Tensor):
         start, step = node.args[2:3] or (0,), node.args[4:5] or (1,)
         if start[0] not in (0, None) or step[0] != 1:
             return None
         node = node.args[0]
-    return node if is_call(node, aten.full.default) and _value(node.args[1]) == 0 else None
+    return node if is_call(node, aten.full.default) and _scalar(node.args[1]) == 0 else None
 
 
-def _skip_clones(node: fx.Node | None) -> fx.Node | None:
-    while _only_user(node, aten.clone.default) is not None and len(node.users) == 1:
-        node = _only_user(node, aten.clone.default)
-    return node
-
-
-# --------------------------------------------------------------------------- small helpers
-
-
-def _only_user(node, *targets, check=None) -> fx.Node | None:
-    """The single user of `node` among calls of `targets` (passing `check`), else None."""
-    if not isinstance(node, fx.Node):
-        return None
-    found = [u for u in node.users if is_call(u, *targets) and (check is None or check(u))]
-    return found[0] if len(found) == 1 else None
-
-
-def _dims(node: fx.Node, expected: dict, rank: int) -> bool:
+def _dims(node: fx.Node, expected: dict[int, int], rank: int) -> bool:
     """`node`'s fake value has `rank` dims and the `expected` {dim: size}."""
     value = fake(node)
     if value is None or value.dim() != rank:
@@ -331,7 +431,7 @@ def _dims(node: fx.Node, expected: dict, rank: int) -> bool:
     return all(statically_known_true(value.shape[i] == size) for i, size in expected.items())
 
 
-def _value(arg):
+def _scalar(arg: Any) -> Any:
     """A scalar literal, or the value of a `scalar_tensor(v)` / 0-d `full([], v)` constant node."""
     if isinstance(arg, (bool, int, float)):
         return arg
@@ -342,47 +442,12 @@ def _value(arg):
     return None
 
 
-def _eq_operand(node, value) -> fx.Node | None:
-    """`x` of `eq(x, value)`."""
-    if is_call(node, aten.eq.Scalar) and _value(node.args[1]) == value:
-        return node.args[0]
-    return None
-
-
-def _is_unary(node, target, operand) -> bool:
-    return is_call(node, target) and tuple(node.args) == (operand,)
-
-
-def _is_convert(node, dtype) -> bool:
-    return is_call(node, prims.convert_element_type.default) and node.args[1] == dtype
-
-
-def _clamped(node, low, high):
-    """`x` of `clamp_max(clamp_min(x, low), high)` or `clamp(x, low, high)`; None otherwise."""
-    if is_call(node, aten.clamp.default) and _value(node.args[1]) == low and _value(node.args[2]) == high:
-        return node.args[0]
-    if is_call(node, aten.clamp_max.default) and _value(node.args[1]) == high:
-        inner = node.args[0]
-        if is_call(inner, aten.clamp_min.default) and _value(inner.args[1]) == low:
-            return inner.args[0]
-    return None
-
-
-def _clamp_users(node, low, high):
-    """The end of `clamp_max(clamp_min(node, low), high)` (or one `clamp`) among node's users."""
-    one = _only_user(node, aten.clamp.default)
-    if one is not None and _clamped(one, low, high) is node:
-        return one
-    high_node = _only_user(_only_user(node, aten.clamp_min.default), aten.clamp_max.default)
-    return high_node if high_node is not None and _clamped(high_node, low, high) is node else None
-
-
-def _is_last_dim(dims, head: fx.Node) -> bool:
+def _is_last_dim(dims: Any, head: fx.Node) -> bool:
     rank = fake(head).dim()
     return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
 
 
-def _shape_is(node, shape) -> bool:
+def _shape_is(node: Any, shape: Any) -> bool:
     """`node`'s fake value has `shape` (dims may be symbolic)."""
     value = fake(node)
     return (
@@ -402,6 +467,13 @@ def _before_views(head: fx.Node, k: int) -> tuple[fx.Node, fx.Node]:
             break
         reads, node = node, node.args[0]
     return node, reads
+
+
+def _fake(node: fx.Node) -> torch.Tensor:
+    """The fake value of a node the match read its shape off (so it has one)."""
+    value = fake(node)
+    assert value is not None, node
+    return value
 
 
 __all__ = ["ScaleSpelling", "TorchaoQuantMatch", "match_torchao_quant", "torchao_quant_users"]
