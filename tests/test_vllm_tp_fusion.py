@@ -16,8 +16,9 @@ traces as `vllm.all_reduce`. No collective runs: the pieces are compiled, never 
 
 Replaced beyond tests/vllm_pipeline.py's list:
 - The platform gates, evaluated by vLLM's own `enable_allreduce_rms_fusion` with the platform facts
-  stubbed during that call only: sm90 CUDA with FlashInfer (`is_cuda`, `is_device_capability(90)`,
-  `has_flashinfer`), or ROCm with AITER on (`is_rocm`, `rocm_aiter_ops.is_enabled`).
+  stubbed during that call only: sm100 CUDA with FlashInfer (`is_cuda`,
+  `is_device_capability_family(100)`, `has_flashinfer`; on sm90 vLLM serves MXFP8 with Marlin
+  W8A16), or ROCm with AITER on (`is_rocm`, `rocm_aiter_ops.is_enabled`).
 - The pass manager imports its pass classes only on CUDA (`AllReduceFusionPass`) or with AITER on
   (`RocmAiterAllReduceFusionPass`): the classes are put into `pass_manager`'s namespace, and for
   AITER `pass_manager.rocm_aiter_ops.is_enabled` says yes (in that module only).
@@ -25,7 +26,7 @@ Replaced beyond tests/vllm_pipeline.py's list:
   (`torch.ops._C.rotary_embedding` ... `rms_norm_dynamic_per_token_quant`, via `matcher_utils` and
   `rms_quant_fusion`) as module constants: placeholders while it imports. None is in a pattern the
   pass registers here (its fp8 / NVFP4 quant patterns need the quant workspace, stubbed absent).
-- The device size table: FlashInfer's `default_fi_allreduce_fusion_max_size_mb` (sm90's table
+- The device size table: FlashInfer's `default_fi_allreduce_fusion_max_size_mb` (sm100's table
   needs a CUDA capability) and AITER's `effective_max_size` give `THRESHOLD_TOKENS` tokens of the
   tiny model's rows, so the split falls inside the compiled ranges.
 - FlashInfer's IPC workspaces: `get_fi_ar_workspace` returns a token object (created by
@@ -130,7 +131,7 @@ def _gate(patches):
     ]
 
 
-def flashinfer_sm90():
+def flashinfer_sm100():
     """The stubs that put vLLM's FlashInfer `AllReduceFusionPass` in front of mxfuse (module docstring)."""
     import vllm.utils.flashinfer as vllm_flashinfer
     from vllm.compilation.passes import pass_manager
@@ -139,17 +140,17 @@ def flashinfer_sm90():
 
     arf = fusion_module()
 
-    def hopper():
+    def blackwell():
         return [
             mock.patch.object(current_platform, "is_cuda", lambda: True),
-            mock.patch.object(current_platform, "is_device_capability", lambda c: c == 90),
-            mock.patch.object(current_platform, "is_device_capability_family", lambda c: False),
+            mock.patch.object(current_platform, "is_device_capability", lambda c: False),
+            mock.patch.object(current_platform, "is_device_capability_family", lambda c: c == 100),
             mock.patch.object(vllm_flashinfer, "has_flashinfer", lambda: True),
         ]
 
     table = {2: THRESHOLD_BYTES / (1024 * 1024)}
     return [
-        *_gate(hopper),
+        *_gate(blackwell),
         mock.patch.object(PassConfig, "default_fi_allreduce_fusion_max_size_mb", staticmethod(lambda: table)),
         mock.patch.object(pass_manager, "AllReduceFusionPass", arf.AllReduceFusionPass, create=True),
         mock.patch.object(arf, "get_fi_ar_workspace", lambda **kw: object()),
@@ -318,7 +319,7 @@ def test_flashinfer_gemma_fused_add_form_is_refused_and_larger_ranges_fuse(vllm_
     """Gemma, one layer: o_proj's all-reduce -> post_attention_layernorm (fused add, `w.float() + 1`) ->
     gate_up's MXFP8 quant. (The embedding's all-reduce is scaled by Gemma's normalizer before the first
     norm, so vLLM's pattern does not match there: that site is fused by mxfuse in both ranges.)"""
-    compiled = compile_tp2(vllm_tp2, GEMMA, flashinfer_sm90)
+    compiled = compile_tp2(vllm_tp2, GEMMA, flashinfer_sm100)
     small = [p for p in compiled.pieces if p.small]
     large = [p for p in compiled.pieces if not p.small]
     assert len(small) == len(large) == 2, [(p.start, p.end) for p in compiled.pieces]
@@ -358,7 +359,7 @@ def test_flashinfer_standard_norm_forms(vllm_tp2):
     """Llama, one layer: the embedding's all-reduce -> input_layernorm (plain: `norm_out` given, output
     getitem[3]) and o_proj's all-reduce -> post_attention_layernorm (fused add, getitem[1]), both with the
     model-dtype weight and no `weight_bias`."""
-    compiled = compile_tp2(vllm_tp2, LLAMA, flashinfer_sm90)
+    compiled = compile_tp2(vllm_tp2, LLAMA, flashinfer_sm100)
     small = [p for p in compiled.pieces if p.small]
     sites = sorted((s for p in small for s in fused_allreduce_sites(p.before)), key=lambda s: -s.index)
     assert [s.index for s in sites] == [3, 1], [str(p.before) for p in small]
@@ -377,7 +378,7 @@ def test_explain_names_the_refusal_and_its_fix(vllm_tp2):
     from mxfuse.passes.explain import explain_run
     from mxfuse.passes.options import PassOptions
 
-    compiled = compile_tp2(vllm_tp2, dataclasses.replace(LLAMA, name="llama_tp2_explain"), flashinfer_sm90)
+    compiled = compile_tp2(vllm_tp2, dataclasses.replace(LLAMA, name="llama_tp2_explain"), flashinfer_sm100)
     verdicts = [v for p in compiled.pieces if p.small for v in explain_run(p.before, p.report, PassOptions())]
     refused = [v for v in verdicts if v.code is SharedCode.ALLREDUCE_FUSED]
     assert {v.kind for v in refused} == {"flashinfer_allreduce:plain", "flashinfer_allreduce:fused_add"}
