@@ -58,6 +58,9 @@ FIXES: dict[RefusalCode, str] = {
     "as transformers' GemmaRMSNorm does, or call torch.ops.mxfuse.gemma_rmsnorm",
     NormQuantCode.VIEW_NOT_ROWS: "quantize a view that keeps rows whole, e.g. `x.reshape(-1, K)`",
     SharedCode.RESIDUAL_MISMATCH: "give the residual the input's shape and dtype",
+    SharedCode.ALLREDUCE_FUSED: "none needed at decode: the compile ranges above max_token_num reach mxfuse as "
+    'all_reduce -> norm and fuse there; `"pass_config": {"fuse_allreduce_rms": false}` in vLLM\'s compilation '
+    "config trades vLLM's all-reduce fusion for mxfuse's norm->quant fusion in every range (README: Where it applies)",
 }
 """The change that makes a norm fuse, per reason (a reason without an entry has no simple fix)."""
 _NOT_WARNED = (SharedCode.NO_QUANT, NormQuantCode.CROSSES_GATHER)  # nothing to fuse here / rewrite 2 reports it

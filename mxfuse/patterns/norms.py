@@ -29,6 +29,7 @@ from torch._inductor.pattern_matcher import get_arg_value
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from mxfuse.ops.mx_layout import BLOCK
+from mxfuse.patterns.allreduce_norm import match_allreduce_norm
 from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
 from mxfuse.patterns.hf_norm import match_hf
 from mxfuse.patterns.results import Reason, SharedCode
@@ -234,7 +235,13 @@ def _match_hf(y: fx.Node) -> NormMatch | None:
 
 # --------------------------------------------------------------------- registry
 
-RECOGNIZERS = (_match_mxfuse, _match_flashinfer, _match_vllm_ir, _match_hf)
+RECOGNIZERS = (
+    _match_mxfuse,
+    _match_flashinfer,
+    _match_vllm_ir,
+    _match_hf,
+    lambda y: match_allreduce_norm(y, NormMatch),
+)
 
 
 def match_norm(y: fx.Node) -> NormMatch | None:

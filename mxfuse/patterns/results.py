@@ -49,6 +49,7 @@ class SharedCode(RefusalCode):
     DEVICE_MISMATCH = "input and weight on different devices"
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
     NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    ALLREDUCE_FUSED = "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)"
     NO_QUANT = "no MXFP8 quant reads the output"
     QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
