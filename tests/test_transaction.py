@@ -207,3 +207,25 @@ def test_the_pass_does_linear_work_in_the_graph_size():
         lambda: post_grad.run(small.graph, options)
     )
     assert ratio < 1.5 * nodes, f"{ratio:.1f}x the work for {nodes:.1f}x the nodes"
+
+
+def test_every_inserted_node_carries_the_fake_value_inductor_recomputes():
+    """Inductor's FakeTensorUpdater re-runs every node it has not seen; what it computes for the
+    pass's nodes must equal their `meta["val"]` in all but storage (shape, strides, dtype, device,
+    offset), so nothing downstream changes shape. (It still re-propagates their downstream: torch
+    2.14 treats a fresh storage as a change; docs/perf_notes.md, "Compile time".)"""
+    from torch._inductor.fx_utils import _is_fake_tensor_same, get_fake_args_kwargs
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    gm = traced(2)
+    known = set(gm.graph.nodes)
+    report = post_grad.run(gm.graph, PassOptions(strict=True))
+    inserted = [n for n in gm.graph.nodes if n not in known and n.op == "call_function"]
+    assert report.applied and inserted
+    mode = next(v for v in (n.meta.get("val") for n in known) if isinstance(v, FakeTensor)).fake_mode
+    for node in inserted:
+        valid, args, kwargs = get_fake_args_kwargs(node, gm)
+        assert valid, node
+        with mode:
+            again = node.target(*args, **kwargs)
+        assert _is_fake_tensor_same(again, node.meta["val"], {}, check_storage=False), node.format_node()

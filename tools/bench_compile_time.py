@@ -170,8 +170,10 @@ def main():
     for n in layers:
         rows.append(row(n, args))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\nCPU, {torch.get_num_threads()} threads; times are minima of {args.repeat} (pass, update) and "
-          f"{args.compile_repeat} (compile) runs.\n")
+    print(
+        f"\nCPU, {torch.get_num_threads()} threads; times are minima of {args.repeat} (pass, update) and "
+        f"{args.compile_repeat} (compile) runs.\n"
+    )
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
