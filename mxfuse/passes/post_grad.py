@@ -7,7 +7,8 @@ the graph it leaves. :func:`rewrites` builds each with the options it needs. Eac
 plans without touching the graph, then applies one site at a time.
 
 This module holds the one rule for failures (:func:`_contain`): a site whose planning or
-rewriting raises is restored (its own :class:`GraphTransaction`) and reported as skipped
+rewriting raises is restored (its own :class:`SiteTransaction`, which records only what the
+site touches, so the pass stays linear in the graph's size) and reported as skipped
 with `SharedCode.REWRITE_FAILED`, the other sites still fuse; everything runs inside one
 more transaction, the last line of defence: an exception outside a site restores the
 whole graph. Failures are logged at WARNING on the `mxfuse` logger; with the option
@@ -30,7 +31,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport, SiteRecord
-from mxfuse.passes.transaction import GraphTransaction
+from mxfuse.passes.transaction import GraphTransaction, Transaction, site_transaction
 from mxfuse.patterns.results import Fusion, Rewrite, SharedCode, Skip
 
 log = logging.getLogger("mxfuse")
@@ -64,7 +65,7 @@ class _Failed(Exception):
         self.text = text
 
 
-def _contain(fn: Callable[[], T], transaction: GraphTransaction | None, strict: bool, what: Callable[[], str]) -> T:
+def _contain(fn: Callable[[], T], transaction: Transaction | None, strict: bool, what: Callable[[], str]) -> T:
     """`fn()`; if it raises: restore `transaction`, re-raise when `strict`, else log `what()` failed and
     raise :class:`_Failed` carrying the error's text. The pass's one rule for a failure."""
     try:
@@ -145,15 +146,27 @@ def _apply_site(graph: fx.Graph, rewrite: Rewrite, fusion: Fusion, options: Pass
     kind, site = fusion.kind, fusion.site
     record = SiteRecord(rewrite.name, kind, site.name, tuple(n.name for n in fusion.replaced))
     what = lambda: f"pattern {rewrite.name} ({kind}) at {site}"  # noqa: E731
+    transaction = _transaction_for(graph, rewrite)
     try:
-        applied = _contain(lambda: rewrite.apply(graph, fusion), GraphTransaction(graph), options.strict, what)
+        applied = _contain(lambda: rewrite.apply(graph, fusion), transaction, options.strict, what)
     except _Failed as failure:
         reason = f"rewriting it as {kind} failed and was undone ({failure.text})"
         skipped = Skip(rewrite.name, site, kind.norm_kind, SharedCode.REWRITE_FAILED, reason)
         report.skipped.append(skipped.record())
         return
+    finally:
+        transaction.close()
     if applied is not None:
         report.applied.append(record)
+
+
+def _transaction_for(graph: fx.Graph, rewrite: Rewrite) -> Transaction:
+    """The undo for one site: what the site touches, recorded as it goes; a whole snapshot for the
+    sequence-parallel rewrite (its one site is the whole graph, and it re-derives the metadata of
+    nodes whose inputs it does not replace, which a site record does not see)."""
+    from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
+
+    return GraphTransaction(graph) if isinstance(rewrite, SequenceParallelRewrite) else site_transaction(graph)
 
 
 def _graph_text(graph: fx.Graph) -> str:

@@ -241,8 +241,7 @@ def quants_through_views(node: fx.Node) -> list[ViewedQuant]:
         for user in current.users:
             if is_row_view(user):
                 work.append((user, (*views, user)))
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    found.sort(key=lambda v: order[v.quant.node])
+    found.sort(key=lambda v: v.quant.node)  # FX orders nodes by graph position (kept current on insert)
     return found + [ViewedQuant(q, ()) for q in torchao_quant_users(node)]
 
 

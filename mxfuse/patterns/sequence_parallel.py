@@ -162,11 +162,8 @@ def _norm_region(norm: NormMatch) -> list[fx.Node]:
 
 
 def _graph_order(nodes) -> list[fx.Node]:
-    nodes = set(nodes)
-    if not nodes:
-        return []
-    graph = next(iter(nodes)).graph
-    return [n for n in graph.nodes if n in nodes]
+    """`nodes` (distinct) in graph order: FX orders nodes by position, kept current on insert."""
+    return sorted(set(nodes))
 
 
 def _outside_users(node: fx.Node, region: set) -> list[fx.Node]:

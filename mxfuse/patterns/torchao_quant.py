@@ -154,7 +154,6 @@ def torchao_heads(graph: fx.Graph) -> list[fx.Node]:
 def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
     """The torchao quants that read `node` (through reshapes of its rows), in graph order."""
     found, work = [], [node]
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
     while work:
         for user in work.pop().users:
             match = match_torchao_quant(user)
@@ -162,7 +161,7 @@ def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
                 found.append(match)
             elif is_call(user, *_VIEWS):
                 work.append(user)
-    return sorted((m for m in found if m.x is node), key=lambda m: order[m.node])
+    return sorted((m for m in found if m.x is node), key=lambda m: m.node)  # FX orders nodes by graph position
 
 
 # --------------------------------------------------------------------------- the pattern trees
