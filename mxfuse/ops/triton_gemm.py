@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from mxfuse.ops.mx_layout import BLOCK, scale_columns
+from mxfuse.ops.triton_targets import device_isa
 
 SCALE_WORD_K = 4 * BLOCK
 """K values covered by one int32 word of 4 scale bytes: K is padded to a multiple of it."""
@@ -76,9 +77,6 @@ def grouped_tile(pid, num_outer, num_inner, GROUP: tl.constexpr):
     first = (pid // num_in_group) * GROUP
     group_size = tl.minimum(num_outer - first, GROUP)
     return first + (pid % num_in_group) % group_size, (pid % num_in_group) // group_size
-
-
-# ---------------------------------------------------------------------- kernel
 
 
 # ---------------------------------------------------------------------- kernels
@@ -319,6 +317,7 @@ def mxfp8_linear(
     """`[M, K]` fp8 codes + `[M, K/32]` scales times `[N, K]` fp8 weight + `[N, K/32]` scales.
 
     `config` (tests and benchmarks) replaces `gemm_config(M, N, K)`; `out` is written in place."""
+    device_isa(codes.device)  # an unsupported GPU is refused before anything compiles (no ISA-specific code here)
     m, k = codes.shape
     n = weight_codes.shape[0]
     if out is None:
