@@ -95,7 +95,6 @@ specialization so a new M never recompiles.
 from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -115,12 +114,11 @@ from mxfuse.ops.mx_layout import (
 )
 from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, QuantConfig, norm_config, quant_config, row_chunks
 from mxfuse.ops.reference import E8M0_NAN, QuantRule
-from mxfuse.ops.triton_targets import Isa, device_isa
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
 SWIZZLE_BLOCK_COLS = 16  # scale columns per program of the standalone swizzle (x 128 rows = 2 KB)
 
 __all__ = [
-    "KernelLaunch",
     "fused_norm_quant",
     "gemma_norm",
     "norm_launch",
@@ -731,21 +729,6 @@ def _swizzle_kernel(
 # --------------------------------------------------------------------------- launches
 
 
-class KernelLaunch(NamedTuple):
-    """One kernel launch, described before it runs: the compile tools read the same
-    arguments and constexprs that :meth:`run` passes."""
-
-    kernel: Any
-    """The `triton.jit` function."""
-    grid: tuple[int, ...]
-    args: tuple
-    constexprs: dict[str, Any]
-    num_warps: int
-
-    def run(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, enable_fp_fusion=False)
-
-
 def _check2d(name: str, t: torch.Tensor):
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
         raise ValueError(
@@ -886,7 +869,7 @@ def norm_launch(
         PAD_WORDS=triton.next_power_of_2(max(1, s_padded // SWIZZLE_COLUMN_TILE)),
         ISA=isa,
     )
-    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps)
+    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None):
@@ -1008,7 +991,7 @@ def quant_launch(
         RULE=rule,
         ISA=isa,
     )
-    return (codes, scales), KernelLaunch(_quant_kernel, grid, args, constexprs, cfg.num_warps)
+    return (codes, scales), KernelLaunch(_quant_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
 
 
 def quantize(
@@ -1047,7 +1030,7 @@ def swizzle_launch(scales: torch.Tensor) -> tuple[torch.Tensor, KernelLaunch | N
     br, bs = 128, SWIZZLE_BLOCK_COLS
     grid = (rows // br, triton.cdiv(cols, bs))
     args = (scales, out, m, rows, scales.stride(0), s, cols)
-    return out, KernelLaunch(_swizzle_kernel, grid, args, dict(BR=br, BS=bs), 4)
+    return out, KernelLaunch(_swizzle_kernel, grid, args, dict(BR=br, BS=bs), 4, fp_fusion=False)
 
 
 def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ targets CI compiles for (tests/test_targets_compile.py) is :data:`COMPILE_TARGET
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -60,3 +60,28 @@ def device_isa(device: torch.device) -> Isa:
     if device.type != "cuda":
         return "portable"
     return _gpu_isa(torch.cuda.current_device() if device.index is None else device.index)
+
+
+class KernelLaunch(NamedTuple):
+    """One kernel launch, described before it runs: tools/compile_targets.py compiles the
+    same arguments and constexprs for every target that :meth:`run` passes on the GPU."""
+
+    kernel: Any
+    """The `triton.jit` function."""
+    grid: tuple[int, ...]
+    args: tuple
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int | None = None
+    fp_fusion: bool = True
+    """Triton's `enable_fp_fusion` (False: no multiply-add contracted into an FMA)."""
+
+    def options(self) -> dict[str, Any]:
+        """The launch options besides the constexprs."""
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "enable_fp_fusion": self.fp_fusion}
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, **self.options())
