@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -53,14 +54,14 @@ EPS = 1e-6
 FLT_MIN = torch.finfo(torch.float32).tiny
 
 
-def test_module_imports_without_gpu():
-    pytest.importorskip("triton")
-    from mxfuse.ops import triton_norm_quant as tnq
+def kernel_variants():
+    """tools/kernel_variants.py (the benchmarked configs), imported from tools/."""
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import kernel_variants
 
-    for name in ("gemma_norm", "quantize", "fused_norm_quant", "swizzle_scales"):
-        assert callable(getattr(tnq, name))
-    # the launch heuristics are pure Python and any choice is legal
-    assert tnq.row_config(8192, 1)[0] >= 1 and tnq.quant_config(160, 37)[1] >= 128
+    return kernel_variants
 
 
 # ------------------------------------------------------------------ inputs
@@ -394,6 +395,42 @@ def test_norm_matches_cpu_reference(k, dtype):
 
 
 @gpu_test
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("k", kparams(160, 3072, 6144))
+def test_round_normalized_kernels(k, swizzled):
+    """`round_normalized` (the standard Hugging Face order, `w * (s * rstd).to(dtype)`):
+    fused == the same norm kernel then the quant kernel, bitwise, for the default dispatch
+    and the split config, plain and add, weight offsets 0 and 1; and with a weight of ones
+    (offset 0, so y is the rounded normalized value itself) y obeys the norm's CPU bound
+    against `(s * rsqrt(mean(s*s) + eps)).to(dtype)` computed here in fp32."""
+    if not HAS_CUDA:
+        pytest.skip("the Triton kernels need CUDA")
+    from mxfuse.ops import triton_norm_quant as tnq
+
+    split = kernel_variants().variant("native-split", k)
+    for m in (1, 37, 300):
+        x, r = special_rows(m, k, seed=5 * k + m)
+        for res, w, offset in ((r, gemma_weight(k), 1.0), (None, gemma_weight(k).float() + 1.0, 0.0)):
+            for cfg in (None, split):
+                kw = dict(weight_offset=offset, round_normalized=True, config=cfg)
+                got = tnq.fused_norm_quant(x, res, w, EPS, swizzled=swizzled, emit_y=True, **kw)
+                y, res_n = tnq.gemma_norm(x, res, w, EPS, **kw)
+                what = f"K={k} M={m} res={res is not None} offset={offset} split={cfg is not None}"
+                compare_all(got, (*tnq.quantize(y, swizzled), res_n, y), what)
+                plain = tnq.gemma_norm(x, res, w, EPS, weight_offset=offset, config=cfg)[0]
+                assert not torch.equal(plain.view(torch.int16), y.view(torch.int16)), (
+                    what + ": the flag changed nothing"
+                )
+        ones = torch.ones(k, device=DEVICE, dtype=torch.bfloat16)
+        y = tnq.gemma_norm(x, None, ones, EPS, weight_offset=0.0, round_normalized=True)[0].cpu()
+        s = x.cpu().float()
+        want = (s * torch.rsqrt((s * s).mean(dim=-1, keepdim=True) + EPS)).to(x.dtype)
+        nan = want.isnan() | want.isinf()
+        assert torch.equal(y.isnan() | y.isinf(), nan)
+        assert int(_ulp_distance(y[~nan], want[~nan]).max()) <= NORM_MAX_ULP, f"K={k} M={m}"
+
+
+@gpu_test
 def test_empty_batches():
     for k in (64, 160):
         x = torch.empty(0, k, dtype=torch.bfloat16, device=DEVICE)
@@ -492,14 +529,15 @@ def test_variants_bitwise(k, has_res, swizzled):
         pytest.skip("the Triton kernels need CUDA (no CPU path for the variants)")
     from mxfuse.ops import triton_norm_quant as tnq
 
+    kv = kernel_variants()
     w = gemma_weight(k)
     failures = []  # every variant is checked (one failing variant must not hide the others)
     for m in (1, 37, 4096):
         x, r = special_rows(m, k, seed=17 * k + m)
         r = r if has_res else None
         by_arith = {}
-        for name in tnq.VARIANTS:
-            cfg = tnq.variant(name, k)
+        for name in kv.VARIANTS:
+            cfg = kv.variant(name, k)
             try:
                 got, want = _variant_outputs(tnq, cfg, x, r, w, swizzled)
                 compare_all(got, want, f"{name} K={k} M={m} fused vs unfused")
@@ -526,15 +564,24 @@ def test_variants_bitwise(k, has_res, swizzled):
     assert not failures, "\n".join(failures)
 
 
-def test_variant_names_are_checked():
-    pytest.importorskip("triton")
-    from mxfuse.ops import triton_norm_quant as tnq
+def test_config_values_are_checked():
+    """A config field outside its allowed strings is refused when the config is built (the
+    kernels compare the strings as constexprs: an unknown one would fall through silently)."""
+    from mxfuse.ops.norm_quant_config import NormConfig, QuantConfig
 
-    with pytest.raises(ValueError, match="tree"):
-        tnq._code(tnq._TREES, "tree", "halves")
-    for name, cfg in tnq.VARIANTS.items():
-        assert tnq._code(tnq._TREES, "tree", cfg.tree) in (0, 1), name
-        assert tnq.variant(name, 6144).num_warps == tnq.norm_config(6144).num_warps
+    for field, bad in (("tree", "halves"), ("rsqrt", "fast"), ("quant_ops", "hw2"), ("scale_store", "smem"),
+                       ("scale_padding", "zero")):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            NormConfig(**{field: bad})
+    with pytest.raises(ValueError, match="quant_ops"):
+        QuantConfig(quant_ops="fast")
+    with pytest.raises(ValueError, match="persistent"):
+        NormConfig(persistent=1, split=2)
+    kv = kernel_variants()
+    for name in kv.VARIANTS:  # every variant keeps the default row layout of its K
+        for k in (160, 3072, 6144):
+            cfg = kv.variant(name, k)
+            assert cfg.num_warps == kv.norm_config(k).num_warps and kv.variant_of(cfg, k) is not None, (name, k)
 
 
 # ------------------------------------------------------------------ swizzled padding
@@ -555,7 +602,7 @@ def test_swizzled_padding_is_written_zero(m, padding):
     w = gemma_weight(k)
     mp, sp = (m + 127) // 128 * 128, 8
     for split in (1, 2):
-        cfg = tnq.variant("native-split" if split > 1 else "native", k)._replace(scale_padding=padding)
+        cfg = kernel_variants().variant("native-split" if split > 1 else "native", k).replace(scale_padding=padding)
         poison = torch.full((mp, sp), 0xAB, dtype=torch.uint8, device="cuda")
         del poison  # the caching allocator hands this block to the next allocation of this size
         _, scales, _, _ = tnq.fused_norm_quant(x, r, w, EPS, swizzled=True, config=cfg)
@@ -652,12 +699,13 @@ def test_torchao_rule_fused_equals_unfused(k, has_res, swizzled):
         # a few rows scaled into the scale-byte-0 range of the rule (y ~ 2**-125 needs 1 + w tiny:
         # the weight's first block has 1 + w = 2**-8; rows of kind 2 carry FLT_MIN blocks)
         r = r if has_res else None
-        for cfg in (None, tnq.variant("native-split", k), tnq.variant("native-padnorm", k)):
+        kv = kernel_variants()
+        for cfg in (None, kv.variant("native-split", k), kv.variant("native-padnorm", k)):
             codes, scales, res, y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, emit_y=True, config=cfg,
                                                          rule=rule)  # fmt: skip
             y_n, res_n = tnq.gemma_norm(x, r, w, EPS, config=cfg)
             uc, us = tnq.quantize(y_n, swizzled, rule=rule)
-            what = f"K={k} M={m} cfg={cfg and tnq.variant_of(cfg, k)}"
+            what = f"K={k} M={m} cfg={cfg and kv.variant_of(cfg, k)}"
             compare_all((codes, scales, res, y), (uc, us, res_n, y_n), what)
             no_y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, config=cfg, rule=rule)
             compare_all(no_y[:3], (uc, us, res_n), what + " no y")
@@ -670,7 +718,7 @@ def test_rule_values_are_checked():
     pytest.importorskip("triton")
     from mxfuse.ops import triton_norm_quant as tnq
 
-    assert tnq._rule(0) == 0 and tnq._rule(1) == 1
+    assert tnq._rule_name(0) == "default" and tnq._rule_name(reference.QuantRule.TORCHAO) == "torchao"
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="rule"):
-            tnq._rule(bad)
+            tnq._rule_name(bad)

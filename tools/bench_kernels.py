@@ -4,7 +4,7 @@ For K in {6144, 3072} and M in {1 .. 16384}, per call (CUDA graph of 64 back-to-
 calls cycling through enough input sets to not sit in L2, L2 flushed before each replay,
 median of 7 replays), all in ONE run:
 
-- for every kernel variant (`triton_norm_quant.VARIANTS`, passed to the kernels as an
+- for every kernel variant (`tools/kernel_variants.py`, passed to the kernels as an
   explicit `NormConfig`) and `default` (no config: what the ops run, `norm_config(K, M)`):
   fused add-norm+quant and fused plain norm+quant, row-major and swizzled scales;
   unfused = the same variant's norm kernel then the quant kernel;
@@ -33,8 +33,10 @@ import sys
 import time
 
 import torch
+from kernel_variants import VARIANTS, variant, variant_of
 
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
+from mxfuse.ops.norm_quant_config import norm_config
 from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
 KS = [6144, 3072]
@@ -135,12 +137,12 @@ def bench_point(k, m, variants, compiled=None, log=print):
             res[name] = float("nan")
 
     res["default_is"] = {  # the variants the ops' own dispatch equals at this (K, M)
-        f"{part}_{kind}": tnq.variant_of(tnq.norm_config(k, m, plain_quant=part == "fused" and kind == "plain"), k)
+        f"{part}_{kind}": variant_of(norm_config(k, m, plain_quant=part == "fused" and kind == "plain"), k)
         for part in ("fused", "unfused")
         for kind in KINDS
     }
     for vname in variants:
-        cfg = None if vname == DEFAULT else tnq.variant(vname, k)
+        cfg = None if vname == DEFAULT else variant(vname, k)
         for swz in (False, True):
             sfx = "_swz" if swz else ""
             t(
@@ -268,14 +270,12 @@ def as_current_default(data):
     """`data` with the `default/...` entries of each row taken from the measured variant
     that today's `norm_config(K, M, plain_quant=...)` equals (the run's own `default/...` kept as
     `run-default/...`): a saved run re-read after the dispatch changed, same-run numbers."""
-    from mxfuse.ops import triton_norm_quant as tnq
-
     out = {**data, "results": []}
     for r in data["results"]:
         r = dict(r)
         k, m = r["K"], r["M"]
-        names = {kind: tnq.variant_of(tnq.norm_config(k, m, plain_quant=kind == "plain"), k) for kind in KINDS}
-        norm_name = tnq.variant_of(tnq.norm_config(k, m), k)  # the unfused norm's own dispatch
+        names = {kind: variant_of(norm_config(k, m, plain_quant=kind == "plain"), k) for kind in KINDS}
+        norm_name = variant_of(norm_config(k, m), k)  # the unfused norm's own dispatch
         for key in [key for key in r if key.startswith(f"{DEFAULT}/")]:
             r["run-" + key] = r.pop(key)
         run_names = r.get("default_is") or {}  # what the run's own `default` was (recorded since run 6)
@@ -320,13 +320,11 @@ def save(out, data, vname):
 
 
 def main(argv=None):
-    from mxfuse.ops import triton_norm_quant as tnq
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="directory for kernels_bench.md / .json / .png")
     ap.add_argument("--ks", default=",".join(map(str, KS)))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--variants", default=",".join([DEFAULT, *tnq.VARIANTS]), help="variants to time (VARIANTS names)")
+    ap.add_argument("--variants", default=",".join([DEFAULT, *VARIANTS]), help="variants to time (VARIANTS names)")
     ap.add_argument("--variant", default=DEFAULT, help="variant of the main table (default: the ops' own choice)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile baseline")
     ap.add_argument("--tables", default=None, help="re-render the tables of a saved kernels_bench.json")
@@ -347,9 +345,9 @@ def main(argv=None):
             save(args.out, data, vname)
         return 0
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in [*variants, vname] if v != DEFAULT and v not in tnq.VARIANTS]
+    unknown = [v for v in [*variants, vname] if v != DEFAULT and v not in VARIANTS]
     if unknown:
-        ap.error(f"unknown variants {unknown}; known: {list(tnq.VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU")
         return 1

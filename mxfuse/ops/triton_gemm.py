@@ -38,6 +38,7 @@ work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -45,6 +46,7 @@ import triton
 import triton.language as tl
 
 from mxfuse.ops.mx_layout import BLOCK, scale_columns
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
 SCALE_WORD_K = 4 * BLOCK
 """K values covered by one int32 word of 4 scale bytes: K is padded to a multiple of it."""
@@ -76,9 +78,6 @@ def grouped_tile(pid, num_outer, num_inner, GROUP: tl.constexpr):
     first = (pid // num_in_group) * GROUP
     group_size = tl.minimum(num_outer - first, GROUP)
     return first + (pid % num_in_group) % group_size, (pid % num_in_group) // group_size
-
-
-# ---------------------------------------------------------------------- kernel
 
 
 # ---------------------------------------------------------------------- kernels
@@ -243,16 +242,25 @@ def pow2_divisor(k: int, cap: int) -> int:
     return bk
 
 
-def gemm_config(m: int, n: int, k: int) -> GemmConfig:
+PORTABLE_STAGES = 2
+"""Pipeline depth off NVIDIA: the H200's 3-4 stages of bf16 tiles need more shared memory than an
+AMD CU's LDS holds (64 KB on gfx942, 160 KB on gfx950; tools/compile_targets.py reports it)."""
+
+
+def gemm_config(m: int, n: int, k: int, isa: Isa = "ptx") -> GemmConfig:
     """The default tiles: decode split over the K chunks up to SPLIT_MAX_M rows, both operands
-    dequantized once above it (the measurements behind the choice: docs/gemm_notes.md, run 4)."""
+    dequantized once above it (the measurements behind the choice: docs/gemm_notes.md, run 4).
+    The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep."""
     if m <= SPLIT_MAX_M:
         rows = min(64, max(16, triton.next_power_of_2(max(m, 1))))
-        return GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True)
-    both = {"flat_k_loop": True, "dequantize_activations_first": True, "dequantize_weight_first": True}
-    if m < 2048:
-        return GemmConfig(64, 128, group=8, num_stages=4, **both)
-    return GemmConfig(128, 128, group=8, num_warps=8, num_stages=3, **both)
+        cfg = GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True)
+    else:
+        both = {"flat_k_loop": True, "dequantize_activations_first": True, "dequantize_weight_first": True}
+        if m < 2048:
+            cfg = GemmConfig(64, 128, group=8, num_stages=4, **both)
+        else:
+            cfg = GemmConfig(128, 128, group=8, num_warps=8, num_stages=3, **both)
+    return cfg if isa == "ptx" else cfg._replace(num_stages=min(cfg.num_stages, PORTABLE_STAGES))
 
 
 # ------------------------------------------------------------------- launcher
@@ -296,13 +304,12 @@ class SplitKOutput:
         else:
             self.dst, self.grid, self.stride_cc = out, (tiles,), 0
 
-    def finish(self) -> torch.Tensor:
+    def finish(self, run: Callable[[KernelLaunch], None] = KernelLaunch.run) -> torch.Tensor:
         if self.split:
             block = 1024
-            _chunk_sum_kernel[(triton.cdiv(self.m * self.n, block),)](
-                self.dst, self.out, self.m, self.n, self.out.stride(0), self.stride_cc,
-                N_CHUNKS=self.n_chunks, BLOCK=block, num_warps=4,
-            )  # fmt: skip
+            args = (self.dst, self.out, self.m, self.n, self.out.stride(0), self.stride_cc)
+            grid = (triton.cdiv(self.m * self.n, block),)
+            run(KernelLaunch(_chunk_sum_kernel, grid, args, dict(N_CHUNKS=self.n_chunks, BLOCK=block), 4))
         return self.out
 
 
@@ -315,10 +322,15 @@ def mxfp8_linear(
     *,
     config: GemmConfig | None = None,
     out: torch.Tensor | None = None,
+    run: Callable[[KernelLaunch], None] = KernelLaunch.run,
+    isa: Isa | None = None,
 ) -> torch.Tensor:
     """`[M, K]` fp8 codes + `[M, K/32]` scales times `[N, K]` fp8 weight + `[N, K/32]` scales.
 
-    `config` (tests and benchmarks) replaces `gemm_config(M, N, K)`; `out` is written in place."""
+    `config` (tests and benchmarks) replaces `gemm_config(M, N, K)`; `out` is written in place.
+    `run` receives each kernel launch and `isa` replaces the device's (tools/compile_targets.py
+    collects the launches on meta tensors for each target)."""
+    isa = isa or device_isa(codes.device)  # an unsupported GPU is refused before anything compiles
     m, k = codes.shape
     n = weight_codes.shape[0]
     if out is None:
@@ -329,31 +341,41 @@ def mxfp8_linear(
         return out.zero_()
     codes, scales, weight_codes, weight_scales = prepare_operands(codes, scales, weight_codes, weight_scales)
     k = codes.shape[1]
-    cfg = config or gemm_config(m, n, k)
+    cfg = config or gemm_config(m, n, k, isa)
     cfg = cfg._replace(block_k=max(128, pow2_divisor(k, cfg.block_k)))
     chunk = cfg.chunk or chunk_k(k)
     assert chunk % cfg.block_k == 0, (chunk, cfg.block_k)
-    x = dequantize_rows(codes, scales) if cfg.dequantize_activations_first else codes
-    w = dequantize_rows(weight_codes, weight_scales) if cfg.dequantize_weight_first else weight_codes
+    x = dequantize_rows(codes, scales, run) if cfg.dequantize_activations_first else codes
+    w = dequantize_rows(weight_codes, weight_scales, run) if cfg.dequantize_weight_first else weight_codes
     tiles = triton.cdiv(m, cfg.activation_rows) * triton.cdiv(n, cfg.weight_rows)
     dst = SplitKOutput(out, m, n, k, chunk, tiles, cfg.split_k)
-    _mx_gemm_swap_kernel[dst.grid](
+    args = (
         w, weight_scales, x, scales, dst.dst, m, n, k,
         w.stride(0), weight_scales.stride(0) // 4, x.stride(0), scales.stride(0) // 4, out.stride(0), dst.stride_cc,
-        BN=cfg.weight_rows, BM=cfg.activation_rows, BK=cfg.block_k, CHUNK=chunk, GROUP_N=cfg.group,
-        W_BF16=cfg.dequantize_weight_first, X_BF16=cfg.dequantize_activations_first, SPLIT=dst.split,
-        FLAT=cfg.flat_k_loop, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return dst.finish()
+    constexprs = dict(
+        BN=cfg.weight_rows,
+        BM=cfg.activation_rows,
+        BK=cfg.block_k,
+        CHUNK=chunk,
+        GROUP_N=cfg.group,
+        W_BF16=cfg.dequantize_weight_first,
+        X_BF16=cfg.dequantize_activations_first,
+        SPLIT=dst.split,
+        FLAT=cfg.flat_k_loop,
+    )
+    run(KernelLaunch(_mx_gemm_swap_kernel, dst.grid, args, constexprs, cfg.num_warps, cfg.num_stages))
+    return dst.finish(run)
 
 
-def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def dequantize_rows(
+    codes: torch.Tensor, scales: torch.Tensor, run: Callable[[KernelLaunch], None] = KernelLaunch.run
+) -> torch.Tensor:
     """Exact bf16 `[M, K]` of MXFP8 rows (K % 128 == 0, word-aligned scale rows)."""
     m, k = codes.shape
     out = torch.empty((m, k), dtype=torch.bfloat16, device=codes.device)
     if m:
         bk = pow2_divisor(k, 1024)
-        _dequant_rows_kernel[(m, k // bk)](
-            codes, scales, out, m, k, codes.stride(0), scales.stride(0), out.stride(0), BK=bk, num_warps=4
-        )
+        args = (codes, scales, out, m, k, codes.stride(0), scales.stride(0), out.stride(0))
+        run(KernelLaunch(_dequant_rows_kernel, (m, k // bk), args, dict(BK=bk), 4))
     return out

@@ -1,0 +1,87 @@
+"""Which GPUs the Triton kernels support, and the code each one gets.
+
+The kernels are plain Triton except for a few NVIDIA pieces (inline PTX: `rsqrt.approx.f32`,
+`cvt.rn.bf16x2.f32`, a predicated `st.global.u8`; and the saturating e4m3 convert the
+"hw" quant relies on). Each such piece sits behind the kernels' `ISA` constexpr, which
+the launcher sets from the device, never a runtime branch:
+
+- "ptx" (NVIDIA, compute capability >= 9.0: Hopper, Blackwell): the PTX pieces;
+- "portable" (AMD gfx942 / gfx950, and Triton's CPU interpreter): Triton ops that
+  compute the same function (see triton_norm_quant's docstring, "Targets").
+
+Any other GPU gets one :class:`MxfuseInputError` before anything compiles. The set of
+targets CI compiles for (tests/test_targets_compile.py) is :data:`COMPILE_TARGETS`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from mxfuse.ops.library import MxfuseInputError
+
+Isa = Literal["ptx", "portable"]
+
+MIN_CUDA_CAPABILITY = (9, 0)
+"""NVIDIA: e4m3 converts in hardware from Hopper (sm_90) on."""
+AMD_ARCHS = ("gfx942", "gfx950")
+"""AMD: MI300 (CDNA3, gfx942: fp8 by a software OCP convert) and MI350 / MI355X (CDNA4, gfx950)."""
+COMPILE_TARGETS = ("hip:gfx950", "hip:gfx942", "cuda:90", "cuda:100", "cuda:103")
+"""`backend:arch` of every target the kernels must compile for, without spills."""
+
+
+def isa_of_target(backend: str) -> Isa:
+    """The `ISA` constexpr for a Triton target backend ("cuda" or "hip")."""
+    return "ptx" if backend == "cuda" else "portable"
+
+
+@functools.cache
+def _gpu_isa(index: int) -> Isa:
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        arch = props.gcnArchName.split(":")[0]
+        if arch in AMD_ARCHS:
+            return "portable"
+        need = "an AMD GPU of arch " + " or ".join(AMD_ARCHS) + " (MI300, MI350 / MI355X)"
+        found = f"{props.name} ({arch})"
+    else:
+        if (props.major, props.minor) >= MIN_CUDA_CAPABILITY:
+            return "ptx"
+        need = "an NVIDIA GPU of compute capability >= {}.{} (Hopper, Blackwell)".format(*MIN_CUDA_CAPABILITY)
+        found = f"{props.name} (compute capability {props.major}.{props.minor})"
+    raise MxfuseInputError(f"mxfuse: the MXFP8 Triton kernels need {need}; cuda:{index} is {found}")
+
+
+def device_isa(device: torch.device) -> Isa:
+    """The `ISA` constexpr for tensors on `device`; :class:`MxfuseInputError` for a GPU the
+    kernels do not support. A CPU device (Triton's interpreter) gets the portable code."""
+    if device.type != "cuda":
+        return "portable"
+    return _gpu_isa(torch.cuda.current_device() if device.index is None else device.index)
+
+
+class KernelLaunch(NamedTuple):
+    """One kernel launch, described before it runs: tools/compile_targets.py compiles the
+    same arguments and constexprs for every target that :meth:`run` passes on the GPU."""
+
+    kernel: Any
+    """The `triton.jit` function."""
+    grid: tuple[int, ...]
+    args: tuple
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int | None = None
+    fp_fusion: bool = True
+    """Triton's `enable_fp_fusion` (False: no multiply-add contracted into an FMA)."""
+
+    def options(self) -> dict[str, Any]:
+        """The launch options besides the constexprs."""
+        opts: dict[str, Any] = {"num_warps": self.num_warps, "enable_fp_fusion": self.fp_fusion}
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, **self.options())

@@ -1,0 +1,61 @@
+"""The norm / quant kernel variants that the default dispatch was chosen against (benchmarks and GPU tests only).
+
+Each variant is a `NormConfig` (mxfuse/ops/norm_quant_config.py) passed explicitly to
+`triton_norm_quant.fused_norm_quant` / `gemma_norm` (`config=`): tools/bench_kernels.py
+times them all in one run, tests/test_gpu_kernels.py checks each bitwise (fused ==
+unfused, batch invariance, the same bits for the same arithmetic), and docs/perf_notes.md
+has their numbers. Import with `tools/` on `sys.path` (as bench_kernels does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from mxfuse.ops.norm_quant_config import NormConfig, norm_config, row_chunks
+
+PERSISTENT_REGISTERS = 80
+"""Registers a thread of the persistent loop takes (ptxas for sm_90): sizes its programs per SM."""
+
+VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
+    {
+        "v3-ops": NormConfig(
+            tree="pairwise", rsqrt="rn", quant_ops="explicit", scale_store="tl_store", load_fence=False
+        ),
+        "pairwise": NormConfig(tree="pairwise", rsqrt="rn", load_fence=False),
+        "native-rn": NormConfig(rsqrt="rn", load_fence=False),
+        "native-nofence": NormConfig(load_fence=False),
+        "native": NormConfig(),
+        "native-rn-split": NormConfig(rsqrt="rn", split=2),
+        "native-split-nofence": NormConfig(split=2, load_fence=False),
+        "native-split": NormConfig(split=2),
+        "native-2rows": NormConfig(block_rows=2),
+        "native-evict": NormConfig(evict_first=True),
+        "native-persist": NormConfig(persistent=1),
+        "native-padnorm": NormConfig(scale_padding="norm"),
+        "native-bf16x2": NormConfig(quant_ops="hw-bf16x2"),
+        "native-split-padnorm": NormConfig(split=2, scale_padding="norm"),
+    }
+)
+
+
+def variant(name: str, k: int) -> NormConfig:
+    """`VARIANTS[name]` with the default launch shape for K: its block_rows multiply a
+    one-row default tile (K >= 2048; the rows then sit in registers of the same threads,
+    the same per-row layout), split > 1 means one program per chunk, and a persistent
+    variant gets as many programs per SM as fit (3 programs of 8 warps)."""
+    base = norm_config(k)
+    entry = VARIANTS[name]
+    cfg = entry.replace(
+        block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
+        num_warps=base.num_warps,
+        split=row_chunks(k)[1] if entry.split > 1 else 1,
+    )
+    if cfg.persistent:
+        cfg = cfg.replace(persistent=max(1, 65536 // (PERSISTENT_REGISTERS * 32 * cfg.num_warps)))
+    return cfg
+
+
+def variant_of(config: NormConfig, k: int) -> str | None:
+    """The name of the variant whose config for K is `config` (None if none is)."""
+    return next((name for name in VARIANTS if variant(name, k) == config), None)
