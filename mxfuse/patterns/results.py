@@ -49,6 +49,10 @@ class SharedCode(RefusalCode):
     DEVICE_MISMATCH = "input and weight on different devices"
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
     NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    NORM_DTYPES = (
+        "a norm whose weight or output dtype differs from the activations' in a way the fused op does not compute"
+    )
+    NORM_KERNEL = "a norm lowered to an external kernel whose arithmetic mxfuse does not reproduce"
     NO_QUANT = "no MXFP8 quant reads the output"
     QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
