@@ -375,14 +375,22 @@ def hf_gemma_norm(h, weight, eps):
     return (x * (1.0 + weight.float())).type_as(h)
 
 
-def test_hugging_face_decomposed_norm_chain(world):
+def hf_llama_norm(h, weight, eps):
+    """transformers' LlamaRMSNorm forward: the standard norm, rounded before the weight multiply."""
+    x = h.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(h.dtype)
+
+
+@pytest.mark.parametrize("norm", [hf_gemma_norm, hf_llama_norm], ids=["gemma", "llama"])
+def test_hugging_face_decomposed_norm_chain(world, norm):
     """HF form: `residual + all_reduce(o)` then the decomposed norm, twice; the first residual a graph input."""
 
     def fn(p, residual, other, w, wc, ws):
         residual = residual + c10d_all_reduce(p)
-        h = mx.mxfp8_linear(*mx.mxfp8_quantize(hf_gemma_norm(residual, w, 1e-6)), wc, ws, torch.bfloat16)
+        h = mx.mxfp8_linear(*mx.mxfp8_quantize(norm(residual, w, 1e-6)), wc, ws, torch.bfloat16)
         residual = residual + c10d_all_reduce(torch.cat([h, h], dim=-1) + other)
-        return hf_gemma_norm(residual, w, 1e-6), residual
+        return norm(residual, w, 1e-6), residual
 
     per_rank = [_rows(n=6, seed=r) for r in range(world)]  # partial sums differ; the residual is replicated
     gm = trace(fn, *per_rank[0], decompose=True)

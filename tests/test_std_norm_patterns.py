@@ -387,3 +387,34 @@ def test_a_gemma_norm_in_fp32_is_one_norm_not_two():
 
     graph = trace(fn, data(4, K), weight()).graph
     assert [n.kind for n in find_norms(graph)] == ["hf:plain"]
+
+
+# ------------------------------------------------------------------ the SP rewrites take the standard form
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["fused_add", "plain"])
+def test_standard_norm_gathered_in_mxfp8_uses_the_packed_gather(residual):
+    """`rms_norm -> all_gather -> quant`: one packed `[W*M, K + K/32]` gather, the Gemma-named packed ops with
+    `weight_offset=0.0` (rewrite 2 has no standard-named packed op), bitwise."""
+    from sp_helpers import W, c10d_gather, gathers, simulate
+    from sp_helpers import run_pass as sp_run_pass
+    from sp_helpers import trace as sp_trace
+
+    from mxfuse.ops.mx_layout import packed_width
+
+    def fn(x, r, w):
+        y, res = mx.fused_add_rms_norm(x, r, w, 1e-6, True) if residual else (mx.rms_norm(x, w, 1e-6, True), r)
+        return (*mx.mxfp8_quantize(c10d_gather(y)), res)
+
+    args = (data(5, K, seed=12), data(5, K, seed=13), weight())
+    gm = sp_trace(fn, *args)
+    expected = simulate(gm, *args)
+    report = sp_run_pass(gm, sp_gather="mxfp8")
+    assert_bitwise(simulate(gm, *args), expected)
+    (gather,) = gathers(gm)
+    assert gather.meta["val"].dtype == torch.uint8 and tuple(gather.meta["val"].shape) == (W * 5, packed_width(K))
+    op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if residual else mx.gemma_rmsnorm_mxfp8_packed
+    (packed,) = gm.graph.find_nodes(op="call_function", target=op.default)
+    assert packed.kwargs["weight_offset"] == 0.0 and packed.kwargs["round_normalized"] is True
+    variant = "fused_add_rms_norm" if residual else "rms_norm"
+    assert report.matched_strings() == {f"mxfuse:{variant}->c10d_gather:mxfp8_packed:rowmajor": 1}
