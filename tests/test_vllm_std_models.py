@@ -6,9 +6,9 @@ tests/vllm_pipeline.py classifies such a weight as "model dtype" (Gemma's is `w.
 Each model is built and compiled through tests/vllm_pipeline.py (its method, its stubs; nothing
 else replaced) with ModelOpt MXFP8 and the CuTe-DSL kernel declared supported, one layer each.
 
-`test_standard_norm_sites_exist` proves the sites reach mxfuse's pass now. The fusion of this form
-lands with a later pattern-level change: `test_every_standard_norm_site_fuses` holds its final
-assertion, strict xfail until then.
+`test_standard_norm_sites_exist` proves the sites reach mxfuse's pass; `test_every_standard_norm_site_fuses`
+that every one became `mxfuse::rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8` with vLLM's native arithmetic
+(`round_normalized=True`, the norm of the fp32 sum), counted by the detector, not by mxfuse's report.
 
 Not built here: DeepSeek-V2 (`DeepseekV2ForCausalLM`, MLA's q_a/kv_a norms): its attention is
 `MLAAttention` (`model_executor/layers/mla.py:122`), whose CPU stand-in (the MLA splitting op with
@@ -71,7 +71,6 @@ def test_standard_norm_sites_exist(records, case):
     assert all(s.quant_args == (True,) for s in record.sites), described  # CuTe-DSL: swizzled scales
 
 
-@pytest.mark.xfail(strict=True, reason="standard RMSNorm form lands with the pattern-level change")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_every_standard_norm_site_fuses(records, case):
     record = records[case.name]
@@ -79,4 +78,6 @@ def test_every_standard_norm_site_fuses(records, case):
     assert record.fused == len(record.sites) > 0, (described, record.matched, record.skipped)
     assert record.left == 0, described
     assert [a["swizzled"] for a in record.fused_args] == [True] * record.fused
-    assert all(a["weight_offset"] == 0.0 for a in record.fused_args), record.fused_args
+    assert all("weight_offset" not in a and a["round_normalized"] for a in record.fused_args), record.fused_args
+    assert all(not a.get("round_sum", False) for a in record.fused_args), record.fused_args
+    assert all(k.startswith("vllm_ir:") and "rms_norm->" in k for k in record.matched), record.matched

@@ -89,7 +89,13 @@ def _norm_ops() -> dict:
 
 
 def _fused_ops() -> set:
-    return {torch.ops.mxfuse.gemma_rmsnorm_mxfp8.default, torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8.default}
+    mx = torch.ops.mxfuse
+    return {
+        mx.gemma_rmsnorm_mxfp8.default,
+        mx.gemma_fused_add_rmsnorm_mxfp8.default,
+        mx.rms_norm_mxfp8.default,
+        mx.fused_add_rms_norm_mxfp8.default,
+    }
 
 
 def gemm_ops() -> set:
