@@ -10,16 +10,17 @@ else replaced) with ModelOpt MXFP8 and the CuTe-DSL kernel declared supported, o
 that every one became `mxfuse::rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8` with vLLM's native arithmetic
 (`round_normalized=True`, the norm of the fp32 sum), counted by the detector, not by mxfuse's report.
 
-Not built here: DeepSeek-V2 (`DeepseekV2ForCausalLM`, MLA's q_a/kv_a norms): its attention is
-`MLAAttention` (`model_executor/layers/mla.py:122`), whose CPU stand-in (the MLA splitting op with
-its shapes) tests/vllm_pipeline.py does not have yet.
+DeepSeek-V2 (`DeepseekV2ForCausalLM`, MLA with `q_lora_rank`): its attention is `MLAAttention`
+(`model_executor/layers/mla.py:122`), replaced by tests/vllm_pipeline.py's `StubMLAAttention` (vLLM's
+MLA splitting op with its shapes). Its `kv_a_layernorm` output goes to the attention op (`kv_b_proj`
+is applied inside the MLA backend), so it is no norm->quant site here; `q_a_layernorm` -> `q_b_proj` is.
 """
 
 from __future__ import annotations
 
 import pytest
 import vllm_pipeline
-from vllm_pipeline import HIDDEN, Case, compile_model, tiny
+from vllm_pipeline import HIDDEN, Case, compile_model, mla_attention_stub, tiny
 
 pytestmark = pytest.mark.vllm
 vllm_cpu = vllm_pipeline.vllm_cpu  # the module fixture: vLLM stood up on CPU
@@ -52,13 +53,37 @@ CASES = [
         2,
         PER_LAYER + " (its post_self_attn_layernorm / post_mlp_layernorm feed residual adds, not quants)",
     ),
+    Case(
+        "deepseek_v2",
+        (),
+        tiny(
+            "DeepseekV2ForCausalLM",
+            "deepseek_v2",
+            num_hidden_layers=1,
+            num_key_value_heads=2,
+            q_lora_rank=HIDDEN,
+            kv_lora_rank=HIDDEN,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=64,
+            v_head_dim=64,
+            first_k_dense_replace=1,  # layer 0 dense: its MLP is an MXFP8 linear, not the MoE op
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=HIDDEN,
+        ),
+        3,
+        "input_layernorm -> fused_qkv_a_proj, q_a_layernorm -> q_b_proj, post_attention_layernorm -> gate_up_proj",
+    ),
 ]
+PATCHES = {"deepseek_v2": (mla_attention_stub,)}
 
 
 @pytest.fixture(scope="module")
 def records(vllm_cpu):
     """One build per model, shared by the tests below."""
-    return {case.name: compile_model(vllm_cpu, case) for case in CASES}
+    return {
+        case.name: compile_model(vllm_cpu, case, patches=[p() for p in PATCHES.get(case.name, ())]) for case in CASES
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
