@@ -16,7 +16,9 @@ from mxfuse.passes.options import PassOptions
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
 # what the graph holds after the pass, by the kind of rewrite
-FUSED = tuple(f"mxfuse::{op}_mxfp8" for op in ("gemma_rmsnorm", "gemma_fused_add_rmsnorm", "rms_norm", "fused_add_rms_norm"))
+FUSED = tuple(
+    f"mxfuse::{op}_mxfp8" for op in ("gemma_rmsnorm", "gemma_fused_add_rmsnorm", "rms_norm", "fused_add_rms_norm")
+)
 PACKED_FUSED = ("mxfuse::gemma_rmsnorm_mxfp8_packed", "mxfuse::gemma_fused_add_rmsnorm_mxfp8_packed")
 PACKED = ("mxfuse::mxfp8_quantize_packed",)
 KNOWN = ("mxfuse", "vllm_ir", "hf", "hf_std")  # hf_std: the standard RMSNorm, `* w.float()`

@@ -163,9 +163,7 @@ def test_mxfuse_gemma_norm_keeps_its_round_normalized():
     args = (data(5, K, seed=5), 0.1 * weight())
     before, after, report = run_pass(fn, *args)
     (fused,) = after.graph.find_nodes(op="call_function", target=mx.gemma_rmsnorm_mxfp8.default)
-    assert fused.kwargs["round_normalized"] is True and matched(report) == [
-        "mxfuse:plain->mxfuse_quant:rowmajor"
-    ]
+    assert fused.kwargs["round_normalized"] is True and matched(report) == ["mxfuse:plain->mxfuse_quant:rowmajor"]
     with torch.no_grad():
         assert_bitwise(after(*args), before(*args))
 
@@ -396,9 +394,7 @@ def test_a_gemma_norm_in_fp32_is_one_norm_not_two():
 def test_standard_norm_gathered_in_mxfp8_uses_the_packed_gather(residual):
     """`rms_norm -> all_gather -> quant`: one packed `[W*M, K + K/32]` gather, the Gemma-named packed ops with
     `weight_offset=0.0` (rewrite 2 has no standard-named packed op), bitwise."""
-    from sp_helpers import W, c10d_gather, gathers, simulate
-    from sp_helpers import run_pass as sp_run_pass
-    from sp_helpers import trace as sp_trace
+    from sp_helpers import W, c10d_gather, gathers, run_pass as sp_run_pass, simulate, trace as sp_trace
 
     from mxfuse.ops.mx_layout import packed_width
 
