@@ -414,3 +414,17 @@ def test_standard_norm_gathered_in_mxfp8_uses_the_packed_gather(residual):
     assert packed.kwargs["weight_offset"] == 0.0 and packed.kwargs["round_normalized"] is True
     variant = "fused_add_rms_norm" if residual else "rms_norm"
     assert report.matched_strings() == {f"mxfuse:{variant}->c10d_gather:mxfp8_packed:rowmajor": 1}
+
+
+def test_a_gated_norm_is_not_taken_for_a_norm_with_an_fp32_output():
+    """vLLM's `RMSNormGated` native form, `(normalize(x) * w.float() * silu(z)).to(dtype)`: the fp32 product
+    goes on into the gate, so no recognizer claims a norm there (no verdict with a wrong reason)."""
+
+    def fn(h, w, z):
+        x = h.float()
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        return mx.mxfp8_quantize((out * torch.nn.functional.silu(z.float())).to(h.dtype))
+
+    from test_norm_forms import trace
+
+    assert find_norms(trace(fn, data(4, K), weight(), data(4, K, seed=3)).graph) == []

@@ -4,8 +4,8 @@ Three anchors. (1) The final cast `y = P.to(dtype)` (Gemma's `(n * (1 + w.float(
 and `torch.nn.RMSNorm` / `F.rms_norm`: `(n * w).to(dtype)`, `w` promoted to fp32, `eps` an
 `add.Scalar` rounded to fp32). (2) Hugging Face's `LlamaRMSNorm` & co. (Qwen3, Mistral,
 DeepSeek-V2, GLM-4): `y = w * n.to(dtype)`, a product in the model dtype of the rounded
-normalized value (`round_normalized=True`). (3) A norm computed in fp32 (no cast back): `y = n *
-M` in fp32, reported (fp32 activations, or an fp32 output of bf16 activations), never fused.
+normalized value (`round_normalized=True`). (3) A norm of fp32 activations (no cast back): `y = n *
+M` in fp32, reported (the fused op takes bf16/fp16), never fused.
 From the anchor the recognizer walks up the graph:
 
 - `P = normed * M` (either order), `normed = s32 * rsqrt(v + eps)` or `s32 / sqrt(v + eps)`;
@@ -91,8 +91,8 @@ def _match_rounded_normalized(y: fx.Node, make_match):
         source = _norm_input(s32, dtype, {y, rounded, rounded.args[0]})
         if source is None:
             return None
-        difference = difference or source.pop("difference")
-        source.pop("difference", None)
+        source_difference = source.pop("difference")
+        difference = difference or source_difference
         w_dtype, out_dtype = fake(w).dtype, fake(y).dtype
         if difference is None and not w_dtype == out_dtype == dtype:
             text = (
@@ -115,37 +115,29 @@ def _match_rounded_normalized(y: fx.Node, make_match):
 
 
 def _match_fp32(y: fx.Node, make_match):
-    """Anchor (3): `y = n * M` left in fp32 (no user casts it to a model dtype: else anchor (1) holds)."""
+    """Anchor (3): `y = n * M` of fp32 activations (no user casts it to a model dtype: else anchor (1) holds)."""
     if not _is_f32(y) or any(is_call(u, _CAST) and u.args[1] in _MODEL_DTYPES for u in y.users):
         return None
     split = _split(y)
     if split is None or fake(split[1]) is None:
         return None
-    normed, multiplier, s32, eps, difference = split
+    _, multiplier, s32, eps, stats_difference = split
     weight = _multiplier(multiplier) if _is_f32(multiplier) else _model_dtype_multiplier(multiplier)
-    difference = difference or weight.pop("difference")
-    weight.pop("difference", None)
-    dtype = _model_dtype_source(s32)
-    if dtype is None:  # fp32 activations: `norms.reject_reason` says so (ACTIVATION_DTYPE)
-        source = _fields(s32, None, None, s32)
-    else:
-        source = _norm_input(s32, dtype, {y, normed})
-        if source is None:
-            return None
-        text = f"its output stays float32 (no cast back to {dtype}); the fused op writes {dtype}"
-        difference = difference or source.get("difference") or Reason(SharedCode.NORM_DTYPES, text)
-    source.pop("difference", None)
-    return make_match(form="hf", eps=eps, y=y, difference=difference, **weight, **source)
+    weight_difference = weight.pop("difference")
+    difference = stats_difference or weight_difference
+    if _widened(s32):  # bf16 activations whose fp32 value goes on (a gate, another multiply): not a norm output
+        return None
+    # fp32 activations: `norms.reject_reason` says so (ACTIVATION_DTYPE)
+    source = _fields(s32, None, None, s32, difference=difference)
+    return make_match(form="hf", eps=eps, y=y, **weight, **source)
 
 
-def _model_dtype_source(s32: fx.Node) -> torch.dtype | None:
-    """The model dtype `s32` was widened from (`x.float()`, `x.float() + r.float()`); None: fp32 itself."""
+def _widened(s32: fx.Node) -> bool:
+    """Whether `s32` is a 16-bit tensor widened to fp32 (`x.float()`, `x.float() + r.float()`)."""
     casts = [s32] if is_call(s32, _CAST) else list(s32.args) if _is_same_dtype_add(s32, torch.float32) else []
-    dtypes = {fake(c.args[0]).dtype for c in casts if is_call(c, _CAST) and fake(c.args[0]) is not None}
-    if len(casts) and len(dtypes) == 1 and all(is_call(c, _CAST) for c in casts):
-        (dtype,) = dtypes
-        return dtype if dtype in _MODEL_DTYPES else None
-    return None
+    return any(
+        is_call(c, _CAST) and fake(c.args[0]) is not None and fake(c.args[0]).dtype in _MODEL_DTYPES for c in casts
+    )
 
 
 def _split(product: fx.Node):
