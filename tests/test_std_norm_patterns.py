@@ -213,20 +213,25 @@ def test_vllm_ir_weight_of_another_dtype_is_refused(vllm_ops):
 @pytest.mark.vllm
 @pytest.mark.parametrize("provider", ["oink", "aiter"])
 def test_vllm_ir_norm_lowered_to_an_external_kernel_is_refused(vllm_ops, provider):
-    """vLLM's priority puts oink (Blackwell) or ROCm AITER first: not reproduced, never fused. (Neither is
-    supported on CPU, so the priority is read through a patched `get_priority`.)"""
+    """vLLM's priority puts oink (Blackwell) or ROCm AITER first: not reproduced, never fused. Both take a
+    weight of x's dtype only, so a Gemma norm's fp32 `w.float() + 1` still runs the native impl and fuses.
+    (Neither kernel is supported on CPU: the priority is read through a patched `get_priority`.)"""
     import vllm.ir.ops
 
     def fn(x, residual, w):
         y, res = torch.ops.vllm_ir.fused_add_rms_norm(x, residual, w, 1e-6)
-        return (*mx.mxfp8_quantize(y), res)
+        gemma = torch.ops.vllm_ir.rms_norm(x, w.float() + 1.0, 1e-6)
+        return (*mx.mxfp8_quantize(y), res, *mx.mxfp8_quantize(gemma))
 
     ir_op = vllm.ir.ops.fused_add_rms_norm
     with mock.patch.object(type(ir_op), "get_priority", lambda self: [provider, "native"]):
         before, after, report = run_pass(fn, data(4, K), data(4, K, seed=1), weight())
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_KERNEL and provider in skip.reason, skip
-    assert not report.matched and after.code == before.code
+    assert skip.norm_kind == "vllm_ir:fused_add_rms_norm"
+    assert matched(report) == ["vllm_ir:plain->mxfuse_quant:rowmajor"]
+    refused = "vllm_ir::fused_add_rms_norm"
+    assert op_counts(before.graph)[refused] == op_counts(after.graph)[refused] == 1  # left as it was
 
 
 # ------------------------------------------------------------------ FlashInfer's rmsnorm / fused_add_rmsnorm

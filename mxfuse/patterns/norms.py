@@ -261,11 +261,10 @@ def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
         return None
     eps = constant_float(eps)
     w_dtype, x_dtype = fake(w).dtype, fake(x).dtype
-    kernel = _vllm_ir_kernel_reason(norm.target)
     if w_dtype == torch.float32:  # `x.f32 * w`: one rounding (vLLM's Gemma layer passes `w.float() + 1`)
-        weight, offset = _gemma_weight(w)
-        return NormMatch("vllm_ir", x, r, weight, eps, y, out_res, norm, weight_offset=offset, difference=kernel)
-    difference = kernel
+        weight, offset = _gemma_weight(w)  # native impl: oink and AITER take a weight of x's dtype only
+        return NormMatch("vllm_ir", x, r, weight, eps, y, out_res, norm, weight_offset=offset)
+    difference = _vllm_ir_kernel_reason(norm.target)
     if w_dtype != x_dtype and difference is None:
         text = (
             f"the weight is {w_dtype} on {x_dtype} activations: vLLM rounds `normalize(x)` to {w_dtype}, multiplies "
