@@ -16,11 +16,13 @@ from mxfuse.passes.options import PassOptions
 mx = torch.ops.mxfuse
 c10d = torch.ops._c10d_functional
 # what the graph holds after the pass, by the kind of rewrite
-FUSED = ("mxfuse::gemma_rmsnorm_mxfp8", "mxfuse::gemma_fused_add_rmsnorm_mxfp8")
+FUSED = tuple(
+    f"mxfuse::{op}_mxfp8" for op in ("gemma_rmsnorm", "gemma_fused_add_rmsnorm", "rms_norm", "fused_add_rms_norm")
+)
 PACKED_FUSED = ("mxfuse::gemma_rmsnorm_mxfp8_packed", "mxfuse::gemma_fused_add_rmsnorm_mxfp8_packed")
 PACKED = ("mxfuse::mxfp8_quantize_packed",)
-KNOWN = ("mxfuse", "vllm_ir", "hf")
-LOOKALIKES = ("llama_w", "two_plus_w", "mean_dim0", "pow4", "other_stats", "eps_tensor", "w_1", "w_1k")
+KNOWN = ("mxfuse", "vllm_ir", "hf", "hf_std")  # hf_std: the standard RMSNorm, `* w.float()`
+LOOKALIKES = ("two_plus_w", "mean_dim0", "pow4", "other_stats", "eps_tensor", "w_1", "w_1k")
 MUST, MUST_NOT, MAY = "must", "must_not", "may"
 
 
@@ -47,10 +49,9 @@ class Block:
         if dtype == torch.float32 or k % BLOCK or not self.quants:
             return category, MUST_NOT
         if self.form in LOOKALIKES and not (self.form == "eps_tensor" and not self.gathered):
-            # never fused; a gathered one recognized as a norm but refused (weight shape, eps tensor)
+            # never fused; each is recognized as a norm and refused with a code, so a gathered one
             # may still have its quant packed before the gather (exact either way)
-            recognized = self.form in ("w_1", "w_1k", "eps_tensor", "llama_w", "two_plus_w")
-            return "packed", MAY if self.gathered and recognized and options.sp_gather != "bf16" else MUST_NOT
+            return "packed", MAY if self.gathered and options.sp_gather != "bf16" else MUST_NOT
         if (category == "fused" and not options.fuse_norm_quant) or (self.gathered and options.sp_gather == "bf16"):
             return category, MUST_NOT
         if self.view_before_quant:  # a quant reading a view of y: not a form the pass promises
@@ -142,7 +143,7 @@ def plain_norm(block: Block, x, w, eps_tensor):
         return torch.ops.vllm_ir.rms_norm(x, w.float() + 1.0, eps)
     looks = {
         "hf": {},
-        "llama_w": {"offset": None},
+        "hf_std": {"offset": None},
         "two_plus_w": {"offset": 2.0},
         "mean_dim0": {"dim": 0},
         "pow4": {"power": 4},

@@ -61,3 +61,38 @@ def test_rows_get_the_same_bits_in_every_batch(k, add, swizzled):
         if expected is None:
             expected = probe_out
         assert_bitwise(probe_out, expected)
+
+
+def standard_outputs(x, residual, weight, round_normalized, fused):
+    """(codes, scales, residual_out, y) of every row through the standard-norm ops (row-major scales)."""
+    if fused:
+        if residual is None:
+            codes, scales, y = mx.rms_norm_mxfp8(x, weight, 1e-6, emit_y=True, round_normalized=round_normalized)
+            return [codes, scales, y]
+        out = mx.fused_add_rms_norm_mxfp8(x, residual, weight, 1e-6, emit_y=True, round_normalized=round_normalized)
+        return list(out)
+    if residual is None:
+        y = mx.rms_norm(x, weight, 1e-6, round_normalized)
+        return [*mx.mxfp8_quantize(y), y]
+    y, residual_out = mx.fused_add_rms_norm(x, residual, weight, 1e-6, round_normalized)
+    return [*mx.mxfp8_quantize(y), residual_out, y]
+
+
+@pytest.mark.parametrize("add", [True, False], ids=["fused_add", "plain"])
+@pytest.mark.parametrize("round_normalized", [False, True], ids=["fp32", "round_normalized"])
+def test_standard_norm_rows_get_the_same_bits_in_every_batch(add, round_normalized):
+    """The standard RMSNorm (issue 24): the same reduction tree, so the same invariance."""
+    k = 3072
+    probe, probe_res = rows(PROBE_ROWS, k, 1), rows(PROBE_ROWS, k, 2)
+    weight = torch.randn(k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    expected = None
+    for m in BATCHES:
+        x = torch.cat([rows(m - PROBE_ROWS, k, 10 + m), probe]) if m > PROBE_ROWS else probe
+        residual = torch.cat([rows(m - PROBE_ROWS, k, 20 + m), probe_res]) if m > PROBE_ROWS else probe_res
+        residual = residual if add else None
+        fused = standard_outputs(x, residual, weight, round_normalized, fused=True)
+        assert_bitwise(fused, standard_outputs(x, residual, weight, round_normalized, fused=False))
+        probe_out = [t[-PROBE_ROWS:] for t in fused]
+        if expected is None:
+            expected = probe_out
+        assert_bitwise(probe_out, expected)

@@ -184,7 +184,7 @@ class TwoNorms(torch.nn.Module):
     def forward(self, x):
         gemma = torch.ops.mxfuse.gemma_rmsnorm(x, self.w_gemma, 1e-6)
         h = x.float()
-        llama = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w_llama.float()).to(x.dtype)
+        llama = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * (2.0 + self.w_llama.float())).to(x.dtype)
         return torch.ops.mxfuse.mxfp8_quantize(gemma), torch.ops.mxfuse.mxfp8_quantize(llama)
 
 
@@ -194,8 +194,8 @@ def factory():
 
 
 def test_explain_model_factory(tmp_path, monkeypatch, capsys):
-    """`--model pkg.module:factory` explains the user's module: a Gemma norm fuses; a Llama-style norm
-    (weight `w`, not `1 + w`) feeding the same quant is named, not fused, with the reason and the fix."""
+    """`--model pkg.module:factory` explains the user's module: a Gemma norm fuses; a look-alike
+    (weight `2 + w`, not `1 + w`) feeding the same quant is named, not fused, with the reason and the fix."""
     (tmp_path / "mxfuse_cli_factory.py").write_text(_FACTORY_MODULE)
     monkeypatch.chdir(tmp_path)  # found in the current directory, as `python -m` finds a module
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -209,7 +209,7 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in lines
     unfused = next(i for i, line in enumerate(lines) if line.startswith("not fused: "))
     assert "[hf:plain] at mxfuse_cli_factory.py:" in lines[unfused - 1]
-    assert "not Gemma's `1 + w`" in lines[unfused]
+    assert "nor Gemma's `1 + w`" in lines[unfused]
     assert lines[unfused + 1].startswith("fix: ") and "gemma_rmsnorm" in lines[unfused + 1]
     assert out.rstrip().endswith("1 of 2 Gemma norms fused")
 

@@ -1,8 +1,9 @@
 """Random programs of Gemma norms, look-alikes and MXFP8 quants, run with and without the pass.
 
 A seeded generator draws a chain of blocks. Each block is one norm in a form the pass
-knows (mxfuse ops, vLLM IR with `w.float() + 1`, Hugging Face's decomposed ATen) or a
-look-alike it must refuse (Llama `w` for `1 + w`, `2 + w`, mean over another dim,
+knows (mxfuse ops, vLLM IR with `w.float() + 1`, Hugging Face's decomposed ATen, Gemma's and
+the standard `* w.float()`) or a
+look-alike it must refuse (`2 + w`, mean over another dim,
 `pow(4)`, statistics of another tensor, eps as a tensor input, weights of shape `[1]`
 or `[1, K]`), maybe all-gathered along rows (sequence parallelism, simulated in one
 process as in tests/sp_helpers.py), followed by 0-2 quants (mxfuse's or vLLM's, either

@@ -217,9 +217,24 @@ def fp32_sum_read_twice(h, w, eps):
     return y, s.sum(-1)  # the fp32 sum has a reader in fp32
 
 
+@pytest.mark.parametrize("norm", [llama_fp32, llama_promoted], ids=lambda f: f.__name__)
+def test_a_multiplier_of_w_alone_is_the_standard_norm_and_fuses_bitwise(norm):
+    """`* w.float()` or a bf16 `w` promoted: the standard RMSNorm, one rounding (the look-alikes of issue 14
+    are the fused form of issue 24)."""
+
+    def fn(h, w):
+        return mx.mxfp8_quantize(norm(h, w, 1e-6))
+
+    args = (data(4, K, seed=8), gemma_weight())
+    before, after, report = run_pass(fn, *args)
+    (fused,) = after.graph.find_nodes(op="call_function", target=mx.rms_norm_mxfp8.default)
+    assert fused.kwargs["round_normalized"] is False
+    assert report.matched_strings() == {"hf:rms_norm->mxfuse_quant:rowmajor": 1}
+    with torch.no_grad():
+        assert_bitwise(after(*args), before(*args))
+
+
 LOOK_ALIKES = [
-    (llama_fp32, SharedCode.NORM_ARITHMETIC, "not Gemma's `1 + w`"),
-    (llama_promoted, SharedCode.NORM_ARITHMETIC, "Llama-style"),
     (two_plus_w, SharedCode.NORM_ARITHMETIC, "`2 + w`"),
     (fp32_sum_read_twice, SharedCode.NORM_ARITHMETIC, "also read in fp32"),
 ]

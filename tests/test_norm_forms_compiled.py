@@ -141,8 +141,8 @@ def test_gemma_rmsnorm_dynamic_compiles_once_for_every_token_count():
 
 
 class TwoNorms(torch.nn.Module):
-    """transformers' GemmaRMSNorm with eps = 0.0 (Inductor drops the `+ 0.0`), then a Llama-style
-    fp32 norm (`* w.float()`, no `1 +`): the first fuses, the second is explained and warned about."""
+    """transformers' GemmaRMSNorm with eps = 0.0 (Inductor drops the `+ 0.0`), then a look-alike
+    multiplying by `2 + w`: the first fuses, the second is explained and warned about."""
 
     def __init__(self):
         super().__init__()
@@ -156,7 +156,7 @@ class TwoNorms(torch.nn.Module):
     def forward(self, h):
         a = mx.mxfp8_quantize(self.gemma(h).reshape(-1, HIDDEN))
         x = h.float()
-        llama = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.llama_weight.float()).type_as(h)
+        llama = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (2.0 + self.llama_weight.float())).type_as(h)
         return (*a, *mx.mxfp8_quantize(llama.reshape(-1, HIDDEN)))
 
 
@@ -170,14 +170,14 @@ def test_explain_api_gives_typed_verdicts_and_the_pass_warns_once_with_the_sourc
     assert fused.fused and fused.kind == "hf:plain" and fused.detail == "hf:plain->mxfuse_quant:rowmajor"
     assert fused.module is not None and "gemma" in fused.module
     assert not unfused.fused and unfused.code is SharedCode.NORM_ARITHMETIC
-    assert "Llama-style" in unfused.detail and unfused.fix is not None
+    assert "`2 + w`" in unfused.detail and unfused.fix is not None
     assert unfused.source is not None and unfused.source.startswith("test_norm_forms_compiled.py:")
     (report,) = [g.report for g in explanation.graphs]
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}
     warnings = [r.getMessage() for r in caplog.records if r.name == "mxfuse" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     line = unfused.source.split(" in ")[0]  # "test_norm_forms_compiled.py:NNN"
-    assert line in warnings[0] and "Llama-style" in warnings[0] and "fix:" in warnings[0]
+    assert line in warnings[0] and "`2 + w`" in warnings[0] and "fix:" in warnings[0]
 
 
 @pytest.mark.vllm

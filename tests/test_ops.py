@@ -104,11 +104,16 @@ def standard_unfused(x, residual, weight, eps, swizzled, round_normalized):
 
 
 def standard_fused(x, residual, weight, eps, swizzled, round_normalized, emit_y=True):
-    """The standard RMSNorm fused: the Gemma-named fused ops with `weight_offset=0.0`."""
-    kw = {"emit_y": emit_y, "weight_offset": 0.0, "round_normalized": round_normalized}
+    """The standard RMSNorm fused: `rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8`, checked against the
+    Gemma-named fused ops with `weight_offset=0.0` (the same impls: one arithmetic)."""
+    kw = {"emit_y": emit_y, "round_normalized": round_normalized}
     if residual is None:
-        return mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, **kw)
-    return mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, **kw)
+        out = mx.rms_norm_mxfp8(x, weight, eps, swizzled, **kw)
+        assert_bitwise(out, mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, weight_offset=0.0, **kw))
+        return out
+    out = mx.fused_add_rms_norm_mxfp8(x, residual, weight, eps, swizzled, **kw)
+    assert_bitwise(out, mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, weight_offset=0.0, **kw))
+    return out
 
 
 @pytest.mark.parametrize("m,k", [(0, 64), (1, 64), (37, 160), (130, 6144)])
@@ -390,6 +395,8 @@ def _norm_calls(eps: float):
         "fused_add_rms_norm": lambda: mx.fused_add_rms_norm(x, r, w, eps, True),
         "gemma_rmsnorm_mxfp8": lambda: mx.gemma_rmsnorm_mxfp8(x, w, eps),
         "gemma_fused_add_rmsnorm_mxfp8": lambda: mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, eps),
+        "rms_norm_mxfp8": lambda: mx.rms_norm_mxfp8(x, w, eps, round_normalized=True),
+        "fused_add_rms_norm_mxfp8": lambda: mx.fused_add_rms_norm_mxfp8(x, r, w, eps),
         "gemma_rmsnorm_mxfp8_packed": lambda: mx.gemma_rmsnorm_mxfp8_packed(x, w, eps),
         "gemma_fused_add_rmsnorm_mxfp8_packed": lambda: mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, eps),
     }

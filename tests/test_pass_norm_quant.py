@@ -234,13 +234,16 @@ def test_vllm_ir_gemma_norms_fuse(vllm_ops):
 
 
 @pytest.mark.vllm
-def test_vllm_ir_llama_norm_with_bf16_weight_is_not_gemma(vllm_ops):
+def test_vllm_ir_norm_with_bf16_weight_fuses_as_the_standard_norm(vllm_ops):
+    """vLLM's RMSNorm layer (a model-dtype weight) is the standard norm, not a Gemma one
+    (tests/test_std_norm_patterns.py covers its arithmetic)."""
+
     def fn(x, weight):
         return mx.mxfp8_quantize(torch.ops.vllm_ir.rms_norm(x, weight, 1e-6))
 
     x, _, w = inputs()
-    capture = check(fn, (x, w), {QUANT: 1})
-    assert not capture.report.matched
+    capture = check(fn, (x, w), {QUANT: 0, "mxfuse::rms_norm_mxfp8": 1, FUSED_PLAIN: 0})
+    assert capture.report.matched_strings() == {"vllm_ir:rms_norm->mxfuse_quant:rowmajor": 1}
 
 
 def check_foreign(fn, args):

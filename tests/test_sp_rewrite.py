@@ -305,7 +305,7 @@ def test_an_all_reduce_that_feeds_no_norm_leaves_the_whole_graph(world):
     assert code(gm) == before
     (skip,) = [s for s in report.skipped if s.rewrite == sp.NAME]
     assert skip.code is sp.SequenceParallelCode.ALL_REDUCE_NO_NORM and skip.node.startswith("all_reduce"), skip
-    assert skip.as_dict()["kind"] == "whole_graph" and "feeds no Gemma norm" in skip.as_dict()["reason"], skip
+    assert skip.as_dict()["kind"] == "whole_graph" and "feeds no norm" in skip.as_dict()["reason"], skip
 
 
 def test_swizzled_quant_with_a_token_count_that_may_not_divide_is_left_alone(world):
@@ -364,14 +364,22 @@ def hf_gemma_norm(h, weight, eps):
     return (x * (1.0 + weight.float())).type_as(h)
 
 
-def test_hugging_face_decomposed_norm_chain(world):
+def hf_llama_norm(h, weight, eps):
+    """transformers' LlamaRMSNorm forward: the standard norm, rounded before the weight multiply."""
+    x = h.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(h.dtype)
+
+
+@pytest.mark.parametrize("norm", [hf_gemma_norm, hf_llama_norm], ids=["gemma", "llama"])
+def test_hugging_face_decomposed_norm_chain(world, norm):
     """HF form: `residual + all_reduce(o)` then the decomposed norm, twice; the first residual a graph input."""
 
     def fn(p, residual, other, w, wc, ws):
         residual = residual + c10d_all_reduce(p)
-        h = mx.mxfp8_linear(*mx.mxfp8_quantize(hf_gemma_norm(residual, w, 1e-6)), wc, ws, torch.bfloat16)
+        h = mx.mxfp8_linear(*mx.mxfp8_quantize(norm(residual, w, 1e-6)), wc, ws, torch.bfloat16)
         residual = residual + c10d_all_reduce(torch.cat([h, h], dim=-1) + other)
-        return hf_gemma_norm(residual, w, 1e-6), residual
+        return norm(residual, w, 1e-6), residual
 
     per_rank = [_rows(n=6, seed=r) for r in range(world)]  # partial sums differ; the residual is replicated
     gm = trace(fn, *per_rank[0], decompose=True)

@@ -22,6 +22,9 @@ Replaced here, because they cannot run without CUDA (each test file lists what i
 - Attention: vLLM's `Attention` layer picks a backend at construction, which this CPU build
   cannot. A stub layer with the same constructor calls vLLM's own splitting op
   `vllm.unified_attention_with_output` with the same shapes, so the piecewise split is vLLM's.
+  MLA models (DeepSeek-V2): `StubMLAAttention` stands for `MLAAttention` the same way, calling
+  vLLM's `vllm.unified_mla_attention_with_output` (a splitting op too) with the real shapes;
+  a case enters it with `patches=(mla_attention_stub(),)`.
 - `FixFunctionalizationPass`, the last step of vLLM's PostGradPassManager, needs vLLM's CUDA
   extension (`torch.ops._C.rotary_embedding`); mxfuse has run before it. The stub ends the
   piece's Inductor compile there, and the piece is not run (no CPU MXFP8 GEMM either).
@@ -89,7 +92,13 @@ def _norm_ops() -> dict:
 
 
 def _fused_ops() -> set:
-    return {torch.ops.mxfuse.gemma_rmsnorm_mxfp8.default, torch.ops.mxfuse.gemma_fused_add_rmsnorm_mxfp8.default}
+    mx = torch.ops.mxfuse
+    return {
+        mx.gemma_rmsnorm_mxfp8.default,
+        mx.gemma_fused_add_rmsnorm_mxfp8.default,
+        mx.rms_norm_mxfp8.default,
+        mx.fused_add_rms_norm_mxfp8.default,
+    }
 
 
 def gemm_ops() -> set:
@@ -291,6 +300,29 @@ class StubAttention(torch.nn.Module):
             self.layer_name,
         )
         return output.view(-1, shape[-1])
+
+
+class StubMLAAttention(torch.nn.Module):
+    """vLLM's `MLAAttention` constructor, then vLLM's MLA splitting op with the real shapes."""
+
+    def __init__(self, num_heads, scale, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, *args, prefix="", **kwargs):
+        super().__init__()
+        self.num_heads, self.v_head_dim, self.layer_name = num_heads, v_head_dim, prefix
+
+    def forward(self, q, kv_c_normed, k_pe, output_shape=None, q_dcp_replicated=None):
+        shape = output_shape or (q.shape[0], self.num_heads * self.v_head_dim)
+        output = torch.empty(shape, dtype=q.dtype, device=q.device)
+        torch.ops.vllm.unified_mla_attention_with_output(q, kv_c_normed, k_pe, output, self.layer_name)
+        return output
+
+
+def mla_attention_stub():
+    """The patch that puts `StubMLAAttention` where vLLM's MLA wrapper builds its attention."""
+    from unittest import mock
+
+    from vllm.model_executor.layers import mla
+
+    return mock.patch.object(mla, "MLAAttention", StubMLAAttention)
 
 
 @torch.library.custom_op("vllm_pipeline::dot_scaled_mxfp8_gemm", mutates_args=())

@@ -8,6 +8,7 @@ from mxfuse.ops import autograd, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_loc
 from mxfuse.ops.library import (
     MxfuseInputError,
     fused_add_rms_norm,
+    fused_add_rms_norm_mxfp8,
     gemma_fused_add_rmsnorm,
     gemma_fused_add_rmsnorm_mxfp8,
     gemma_rmsnorm,
@@ -16,6 +17,7 @@ from mxfuse.ops.library import (
     mxfp8_quantize,
     mxfp8_swizzle_scales,
     rms_norm,
+    rms_norm_mxfp8,
 )
 from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.ops.packed import (
@@ -32,6 +34,7 @@ __all__ = [
     "MxfuseInputError",
     "dequantize",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_mxfp8",
     "gemma_fused_add_rmsnorm",
     "gemma_fused_add_rmsnorm_mxfp8",
     "gemma_fused_add_rmsnorm_mxfp8_packed",
@@ -43,4 +46,5 @@ __all__ = [
     "mxfp8_quantize_packed",
     "mxfp8_swizzle_scales",
     "rms_norm",
+    "rms_norm_mxfp8",
 ]

@@ -115,6 +115,8 @@ def register():
         "mxfp8_quantize",
         "gemma_rmsnorm_mxfp8",
         "gemma_fused_add_rmsnorm_mxfp8",
+        "rms_norm_mxfp8",
+        "fused_add_rms_norm_mxfp8",
         "gemma_rmsnorm_mxfp8_packed",
         "gemma_fused_add_rmsnorm_mxfp8_packed",
         "mxfp8_quantize_packed",

@@ -265,6 +265,120 @@ def _layout(scales: Tensor, lead, k: int, swizzled: bool) -> Tensor:
     return reference.swizzle_scales(scales) if swizzled else scales.reshape(*lead, scale_columns(k))
 
 
+# ------------------------------------------------------- the fused norm + quant ops
+#
+# Two pairs of ops over one arithmetic: `gemma_*_mxfp8` (the Gemma norm, `weight_offset`
+# chosen by the caller) and `rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8` (the standard
+# RMSNorm: offset 0, no offset argument), so a dump says which norm was fused. The shared
+# impls below take the op name for the messages.
+
+
+def _norm_quant(op, x, weight, eps, swizzled, emit_y, weight_offset, rule, eps_tensor, round_normalized):
+    k = _check_norm(op, x, weight, eps=eps)
+    rule = _check_rule(op, rule)
+    eps = _runtime_eps(op, eps, eps_tensor)
+    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized)
+    codes, scales = reference.quantize_rows(y, rule)
+    return (
+        codes.reshape(x.shape),
+        _layout(scales, x.shape[:-1], k, swizzled),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+def _norm_quant_fake(op, x, weight, eps, swizzled, emit_y, rule, eps_tensor):
+    k = _check_norm(op, x, weight, eps=eps)
+    _check_rule(op, rule)
+    _runtime_eps(op, eps, eps_tensor)
+    return (
+        x.new_empty(x.shape, dtype=FP8_DTYPE),
+        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
+        x.new_empty(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+def _norm_quant_cuda(op, x, weight, eps, swizzled, emit_y, weight_offset, rule, eps_tensor, round_normalized):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm(op, x, weight, eps=eps)
+    rule = _check_rule(op, rule)
+    eps = _host_eps(_runtime_eps(op, eps, eps_tensor))
+    codes, scales, _, y = triton_norm_quant.fused_norm_quant(
+        _rows(x, k),
+        None,
+        weight,
+        eps,
+        swizzled=swizzled,
+        emit_y=emit_y,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
+        rule=rule,
+    )
+    return (
+        codes.reshape(x.shape),
+        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+def _add_norm_quant(
+    op, x, residual, weight, eps, swizzled, emit_y, round_sum, weight_offset, rule, eps_tensor, round_normalized
+):
+    k = _check_norm(op, x, weight, residual, eps=eps)
+    rule = _check_rule(op, rule)
+    eps = _runtime_eps(op, eps, eps_tensor)
+    y, res = reference.gemma_fused_add_rmsnorm(
+        _rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset, round_normalized
+    )
+    codes, scales = reference.quantize_rows(y, rule)
+    return (
+        codes.reshape(x.shape),
+        _layout(scales, x.shape[:-1], k, swizzled),
+        res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+def _add_norm_quant_fake(op, x, residual, weight, eps, swizzled, emit_y, rule, eps_tensor):
+    k = _check_norm(op, x, weight, residual, eps=eps)
+    _check_rule(op, rule)
+    _runtime_eps(op, eps, eps_tensor)
+    return (
+        x.new_empty(x.shape, dtype=FP8_DTYPE),
+        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
+        x.new_empty(x.shape),
+        x.new_empty(x.shape) if emit_y else _empty_y(x),
+    )
+
+
+def _add_norm_quant_cuda(
+    op, x, residual, weight, eps, swizzled, emit_y, round_sum, weight_offset, rule, eps_tensor, round_normalized
+):
+    from mxfuse.ops import triton_norm_quant
+
+    k = _check_norm(op, x, weight, residual, eps=eps)
+    rule = _check_rule(op, rule)
+    eps = _host_eps(_runtime_eps(op, eps, eps_tensor))
+    codes, scales, res, y = triton_norm_quant.fused_norm_quant(
+        _rows(x, k),
+        _rows(residual, k),
+        weight,
+        eps,
+        swizzled=swizzled,
+        emit_y=emit_y,
+        round_sum=round_sum,
+        weight_offset=_kernel_offset(weight_offset),
+        round_normalized=round_normalized,
+        rule=rule,
+    )
+    return (
+        codes.reshape(x.shape),
+        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
+        res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else _empty_y(x),
+    )
+
+
 # ---------------------------------------------------------- gemma_rmsnorm_mxfp8
 
 
@@ -287,55 +401,21 @@ def gemma_rmsnorm_mxfp8(
     when the graph already holds `1 + w`). `eps_tensor` (0-d, on the host) replaces `eps`
     when given: an eps only known at run time. `rule`: as in `mxfp8_quantize`.
     `round_normalized`: as in `rms_norm` (round `normalize(x)` to x's dtype before the weight
-    multiply); `weight_offset=0.0, round_normalized=True` is Hugging Face's `LlamaRMSNorm`.
+    multiply).
     """
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
-    rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
-    eps = _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
-    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized)
-    codes, scales = reference.quantize_rows(y, rule)
-    return (
-        codes.reshape(x.shape),
-        _layout(scales, x.shape[:-1], k, swizzled),
-        y.reshape(x.shape) if emit_y else _empty_y(x),
-    )
+    args = (x, weight, eps, swizzled, emit_y, weight_offset, rule, eps_tensor, round_normalized)
+    return _norm_quant("gemma_rmsnorm_mxfp8", *args)
 
 
 @gemma_rmsnorm_mxfp8.register_fake
 def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None, round_normalized=False):
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
-    _check_rule("gemma_rmsnorm_mxfp8", rule)
-    _runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor)
-    return (
-        x.new_empty(x.shape, dtype=FP8_DTYPE),
-        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
-        x.new_empty(x.shape) if emit_y else _empty_y(x),
-    )
+    return _norm_quant_fake("gemma_rmsnorm_mxfp8", x, weight, eps, swizzled, emit_y, rule, eps_tensor)
 
 
 @gemma_rmsnorm_mxfp8.register_kernel("cuda")
 def _(x, weight, eps, swizzled=False, emit_y=False, weight_offset=1.0, rule=0, eps_tensor=None, round_normalized=False):
-    from mxfuse.ops import triton_norm_quant
-
-    k = _check_norm("gemma_rmsnorm_mxfp8", x, weight, eps=eps)
-    rule = _check_rule("gemma_rmsnorm_mxfp8", rule)
-    eps = _host_eps(_runtime_eps("gemma_rmsnorm_mxfp8", eps, eps_tensor))
-    codes, scales, _, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k),
-        None,
-        weight,
-        eps,
-        swizzled=swizzled,
-        emit_y=emit_y,
-        weight_offset=_kernel_offset(weight_offset),
-        round_normalized=round_normalized,
-        rule=rule,
-    )
-    return (
-        codes.reshape(x.shape),
-        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
-        y.reshape(x.shape) if emit_y else _empty_y(x),
-    )
+    args = (x, weight, eps, swizzled, emit_y, weight_offset, rule, eps_tensor, round_normalized)
+    return _norm_quant_cuda("gemma_rmsnorm_mxfp8", *args)
 
 
 # ------------------------------------------------ gemma_fused_add_rmsnorm_mxfp8
@@ -363,20 +443,8 @@ def gemma_fused_add_rmsnorm_mxfp8(
     `weight_offset` and `round_normalized` as in `gemma_rmsnorm_mxfp8`. `rule`: as in
     `mxfp8_quantize`.
     """
-    op = "gemma_fused_add_rmsnorm_mxfp8"
-    k = _check_norm(op, x, weight, residual, eps=eps)
-    rule = _check_rule(op, rule)
-    eps = _runtime_eps(op, eps, eps_tensor)
-    y, res = reference.gemma_fused_add_rmsnorm(
-        _rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset, round_normalized
-    )
-    codes, scales = reference.quantize_rows(y, rule)
-    return (
-        codes.reshape(x.shape),
-        _layout(scales, x.shape[:-1], k, swizzled),
-        res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else _empty_y(x),
-    )
+    args = (x, residual, weight, eps, swizzled, emit_y, round_sum, weight_offset, rule, eps_tensor, round_normalized)
+    return _add_norm_quant("gemma_fused_add_rmsnorm_mxfp8", *args)
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_fake
@@ -393,15 +461,8 @@ def _(
     eps_tensor=None,
     round_normalized=False,
 ):
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
-    _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
-    _runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor)
-    return (
-        x.new_empty(x.shape, dtype=FP8_DTYPE),
-        x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE),
-        x.new_empty(x.shape),
-        x.new_empty(x.shape) if emit_y else _empty_y(x),
-    )
+    args = (x, residual, weight, eps, swizzled, emit_y, rule, eps_tensor)
+    return _add_norm_quant_fake("gemma_fused_add_rmsnorm_mxfp8", *args)
 
 
 @gemma_fused_add_rmsnorm_mxfp8.register_kernel("cuda")
@@ -418,29 +479,99 @@ def _(
     eps_tensor=None,
     round_normalized=False,
 ):
-    from mxfuse.ops import triton_norm_quant
+    args = (x, residual, weight, eps, swizzled, emit_y, round_sum, weight_offset, rule, eps_tensor, round_normalized)
+    return _add_norm_quant_cuda("gemma_fused_add_rmsnorm_mxfp8", *args)
 
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8", x, weight, residual, eps=eps)
-    rule = _check_rule("gemma_fused_add_rmsnorm_mxfp8", rule)
-    eps = _host_eps(_runtime_eps("gemma_fused_add_rmsnorm_mxfp8", eps, eps_tensor))
-    codes, scales, res, y = triton_norm_quant.fused_norm_quant(
-        _rows(x, k),
-        _rows(residual, k),
-        weight,
-        eps,
-        swizzled=swizzled,
-        emit_y=emit_y,
-        round_sum=round_sum,
-        weight_offset=_kernel_offset(weight_offset),
-        round_normalized=round_normalized,
-        rule=rule,
-    )
-    return (
-        codes.reshape(x.shape),
-        scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k)),
-        res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else _empty_y(x),
-    )
+
+# ----------------------------------------------- rms_norm_mxfp8 (the standard norm)
+
+
+@torch.library.custom_op("mxfuse::rms_norm_mxfp8", mutates_args=())
+def rms_norm_mxfp8(
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    rule: int = 0,
+    eps_tensor: Tensor | None = None,
+    round_normalized: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The standard RMSNorm and MXFP8 quant in one pass: `(codes, scales, y)`.
+
+    Bitwise equal to `mxfp8_quantize(rms_norm(x, weight, eps, round_normalized), swizzled)`;
+    `gemma_rmsnorm_mxfp8` with `weight_offset=0.0`. `round_normalized=True` is Hugging Face's
+    `LlamaRMSNorm` and vLLM's native RMSNorm with a model-dtype weight.
+    """
+    args = (x, weight, eps, swizzled, emit_y, 0.0, rule, eps_tensor, round_normalized)
+    return _norm_quant("rms_norm_mxfp8", *args)
+
+
+@rms_norm_mxfp8.register_fake
+def _(x, weight, eps, swizzled=False, emit_y=False, rule=0, eps_tensor=None, round_normalized=False):
+    return _norm_quant_fake("rms_norm_mxfp8", x, weight, eps, swizzled, emit_y, rule, eps_tensor)
+
+
+@rms_norm_mxfp8.register_kernel("cuda")
+def _(x, weight, eps, swizzled=False, emit_y=False, rule=0, eps_tensor=None, round_normalized=False):
+    args = (x, weight, eps, swizzled, emit_y, 0.0, rule, eps_tensor, round_normalized)
+    return _norm_quant_cuda("rms_norm_mxfp8", *args)
+
+
+@torch.library.custom_op("mxfuse::fused_add_rms_norm_mxfp8", mutates_args=())
+def fused_add_rms_norm_mxfp8(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    swizzled: bool = False,
+    emit_y: bool = False,
+    round_sum: bool = False,
+    rule: int = 0,
+    eps_tensor: Tensor | None = None,
+    round_normalized: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Residual add, the standard RMSNorm and MXFP8 quant: `(codes, scales, residual_out, y)`.
+
+    Bitwise the quant of `fused_add_rms_norm`'s y and its `residual_out`;
+    `gemma_fused_add_rmsnorm_mxfp8` with `weight_offset=0.0`. `round_sum` as there.
+    """
+    args = (x, residual, weight, eps, swizzled, emit_y, round_sum, 0.0, rule, eps_tensor, round_normalized)
+    return _add_norm_quant("fused_add_rms_norm_mxfp8", *args)
+
+
+@fused_add_rms_norm_mxfp8.register_fake
+def _(
+    x,
+    residual,
+    weight,
+    eps,
+    swizzled=False,
+    emit_y=False,
+    round_sum=False,
+    rule=0,
+    eps_tensor=None,
+    round_normalized=False,
+):
+    args = (x, residual, weight, eps, swizzled, emit_y, rule, eps_tensor)
+    return _add_norm_quant_fake("fused_add_rms_norm_mxfp8", *args)
+
+
+@fused_add_rms_norm_mxfp8.register_kernel("cuda")
+def _(
+    x,
+    residual,
+    weight,
+    eps,
+    swizzled=False,
+    emit_y=False,
+    round_sum=False,
+    rule=0,
+    eps_tensor=None,
+    round_normalized=False,
+):
+    args = (x, residual, weight, eps, swizzled, emit_y, round_sum, 0.0, rule, eps_tensor, round_normalized)
+    return _add_norm_quant_cuda("fused_add_rms_norm_mxfp8", *args)
 
 
 # -------------------------------------------------------- mxfp8_swizzle_scales

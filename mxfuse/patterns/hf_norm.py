@@ -1,6 +1,12 @@
-"""The decomposed-ATen Gemma norm of Hugging Face models, in every spelling seen in the field.
+"""The decomposed-ATen norms of Hugging Face models and of `torch.nn.RMSNorm`, in every spelling seen.
 
-Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
+Three anchors. (1) The final cast `y = P.to(dtype)` (Gemma's `(n * (1 + w.float())).type_as(x)`,
+and `torch.nn.RMSNorm` / `F.rms_norm`: `(n * w).to(dtype)`, `w` promoted to fp32, `eps` an
+`add.Scalar` rounded to fp32). (2) Hugging Face's `LlamaRMSNorm` & co. (Qwen3, Mistral,
+DeepSeek-V2, GLM-4): `y = w * n.to(dtype)`, a product in the model dtype of the rounded
+normalized value (`round_normalized=True`). (3) A norm of fp32 activations (no cast back): `y = n *
+M` in fp32, reported (the fused op takes bf16/fp16), never fused.
+From the anchor the recognizer walks up the graph:
 
 - `P = normed * M` (either order), `normed = s32 * rsqrt(v + eps)` or `s32 / sqrt(v + eps)`;
 - `v = mean(s32 ** 2 | s32 * s32, dim=-1, keepdim=True)`; `eps` a float literal, a 0-d
@@ -11,14 +17,17 @@ Anchored at the final cast `y = P.to(dtype)`, the recognizer walks up the graph:
   `s32 = x.float() + residual.float()` (the residual add in fp32: the fused op's own order);
 - `M = w.float() + 1.0` (or `1.0 + w`, `w` bf16/fp16 or an fp32 parameter): weight `w`,
   offset 1.0; or an fp32 constant (`get_attr`): freezing folded `1 + w` into it, offset 0.0;
-  or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0.
+  or `M = 1 + w` computed in the model dtype (promoted by the multiply): weight `M`, offset 0.0;
+  or anything else (`w.float()`, a bf16 `w` promoted, an fp32 `w`, `0 + w`): the standard
+  RMSNorm, weight `M`, offset 0.0.
 - `normed` may also be `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
   of channels, recognized only to be reported (`SharedCode.NORM_GROUPED`).
 
 Every one of these computes what the fused op computes up to the reduction order (the
-foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier
-is something else (`w.float()` alone, `2 + w`) or whose fp32 sum is read in fp32
-elsewhere is returned with a `difference` naming it, so it is reported, never fused.
+foreign-norm bound of docs/design.md "Fidelity"). A norm of this shape whose multiplier is
+`c + w` for another constant `c`, whose statistics come from another tensor or another dim,
+whose output dtype is not the activations', or whose fp32 sum is read in fp32 elsewhere is
+returned with a `difference` naming it, so it is reported, never fused.
 """
 
 from __future__ import annotations
@@ -38,42 +47,117 @@ _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def match_hf(y: fx.Node, make_match):
-    """The Hugging Face Gemma norm whose output is `y` (`make_match(**fields)` builds it), or None."""
-    if not is_call(y, _CAST) or y.args[1] not in _MODEL_DTYPES:
-        return None
+    """The decomposed-ATen norm whose output is `y` (`make_match(**fields)` builds it), or None."""
+    if is_call(y, _CAST) and y.args[1] in _MODEL_DTYPES:
+        return _match_cast(y, make_match)
+    if is_call(y, aten.mul.Tensor) and len(y.args) == 2 and not y.kwargs:
+        return _match_rounded_normalized(y, make_match) or _match_fp32(y, make_match)
+    return None
+
+
+def _match_cast(y: fx.Node, make_match):
+    """Anchor (1): `y = (n * M).to(dtype)`."""
     product = y.args[0]
     if not _is_f32(product) or not is_call(product, aten.mul.Tensor) or len(product.args) != 2:
         return None
-    grouped = None
-    for normed, multiplier in itertools.permutations(product.args):  # noqa: B007 - both used after the loop
-        stats = _normalized(normed)
-        if stats is None:
-            stats, grouped = _grouped(normed)
-        if stats is not None:
-            break
-    else:
+    split = _split(product)
+    if split is None:
         return None
-    s32, eps = stats
+    normed, multiplier, s32, eps, stats_difference = split
     source = _norm_input(s32, y.args[1], {y, product, normed})
-    if source is not None and grouped is not None:
-        source["difference"] = grouped
     if source is None or fake(multiplier) is None:
         return None
     if _is_f32(multiplier):
-        weight, offset, weight_difference = _multiplier(multiplier)
+        weight = _multiplier(multiplier)
     elif fake(multiplier).dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
-        weight, offset, weight_difference = _model_dtype_multiplier(multiplier)
+        weight = _model_dtype_multiplier(multiplier)
     else:
         return None
-    return make_match(
-        form="hf",
-        eps=eps,
-        y=y,
-        weight=weight,
-        weight_offset=offset,
-        difference=source.pop("difference") or weight_difference,
-        **source,
+    source_difference, weight_difference = source.pop("difference"), weight.pop("difference")
+    difference = stats_difference or source_difference or weight_difference
+    return make_match(form="hf", eps=eps, y=y, difference=difference, **weight, **source)
+
+
+def _match_rounded_normalized(y: fx.Node, make_match):
+    """Anchor (2): `y = w * n.to(dtype)` (transformers' `LlamaRMSNorm`: `self.weight * h.to(input_dtype)`)."""
+    for rounded, w in itertools.permutations(y.args):
+        if not (is_call(rounded, _CAST) and rounded.args[1] in _MODEL_DTYPES and _is_f32(rounded.args[0])):
+            continue
+        found = _normalized_any(rounded.args[0])
+        if found is None or fake(w) is None or fake(y) is None:
+            continue
+        s32, eps, difference = found
+        dtype = rounded.args[1]
+        source = _norm_input(s32, dtype, {y, rounded, rounded.args[0]})
+        if source is None:
+            return None
+        source_difference = source.pop("difference")
+        difference = difference or source_difference
+        w_dtype, out_dtype = fake(w).dtype, fake(y).dtype
+        if difference is None and not w_dtype == out_dtype == dtype:
+            text = (
+                f"the weight is {w_dtype}: `w * normalize(x).to({dtype})` gives a {out_dtype} output, "
+                f"the fused op writes {dtype} (give the norm weight the model dtype)"
+            )
+            difference = Reason(SharedCode.NORM_DTYPES, text)
+        return make_match(
+            form="hf",
+            eps=eps,
+            y=y,
+            weight=w,
+            weight_offset=0.0,
+            standard=True,
+            round_normalized=True,
+            difference=difference,
+            **source,
+        )
+    return None
+
+
+def _match_fp32(y: fx.Node, make_match):
+    """Anchor (3): `y = n * M` of fp32 activations (no user casts it to a model dtype: else anchor (1) holds)."""
+    if not _is_f32(y) or any(is_call(u, _CAST) and u.args[1] in _MODEL_DTYPES for u in y.users):
+        return None
+    split = _split(y)
+    if split is None or fake(split[1]) is None:
+        return None
+    _, multiplier, s32, eps, stats_difference = split
+    weight = _multiplier(multiplier) if _is_f32(multiplier) else _model_dtype_multiplier(multiplier)
+    weight_difference = weight.pop("difference")
+    difference = stats_difference or weight_difference
+    if _widened(s32):  # bf16 activations whose fp32 value goes on (a gate, another multiply): not a norm output
+        return None
+    # fp32 activations: `norms.reject_reason` says so (ACTIVATION_DTYPE)
+    source = _fields(s32, None, None, s32, difference=difference)
+    return make_match(form="hf", eps=eps, y=y, **weight, **source)
+
+
+def _widened(s32: fx.Node) -> bool:
+    """Whether `s32` is a 16-bit tensor widened to fp32 (`x.float()`, `x.float() + r.float()`)."""
+    casts = [s32] if is_call(s32, _CAST) else list(s32.args) if _is_same_dtype_add(s32, torch.float32) else []
+    return any(
+        is_call(c, _CAST) and fake(c.args[0]) is not None and fake(c.args[0]).dtype in _MODEL_DTYPES for c in casts
     )
+
+
+def _split(product: fx.Node):
+    """`(normed, multiplier, s32, eps, difference)` of `normed * multiplier` (either order), or None."""
+    for normed, multiplier in itertools.permutations(product.args):
+        found = _normalized_any(normed)
+        if found is not None:
+            return normed, multiplier, *found
+    return None
+
+
+def _normalized_any(node) -> tuple[fx.Node, float | fx.Node, Reason | None] | None:
+    """`(s32, eps, difference)` of a whole-row normalize (difference None), a grouped one, or a look-alike."""
+    stats = _normalized(node)
+    if stats is not None:
+        return (*stats, None)
+    stats, grouped = _grouped(node)
+    if stats is not None:
+        return (*stats, grouped)
+    return _look_alike(node)
 
 
 def _is_f32(node) -> bool:
@@ -118,8 +202,8 @@ def _variance_eps(node, s32) -> float | fx.Node | None:
     """eps of `mean(s32**2, -1, keepdim) + eps` (0.0 when the add is gone); None: not that."""
     if _is_mean_square(node, s32):
         return 0.0
-    if not is_call(node, aten.add.Tensor) or len(node.args) != 2 or node.kwargs:
-        return None
+    if not is_call(node, aten.add.Tensor, aten.add.Scalar) or len(node.args) != 2 or node.kwargs:
+        return None  # add.Scalar: torch's `rms_norm` decomposition (eps rounded to fp32)
     for mean, eps in itertools.permutations(node.args):
         if _is_mean_square(mean, s32):
             value = constant_float(eps)
@@ -129,6 +213,44 @@ def _variance_eps(node, s32) -> float | fx.Node | None:
                 if is_call(eps, _CAST) and eps.args[1] == torch.float32 and fake(eps.args[0]) is not None:
                     eps = eps.args[0]  # the fused op casts it to fp32 itself; its source is a graph input
                 return eps  # a runtime eps; `norms.reject_reason` checks it is a usable scalar
+    return None
+
+
+def _look_alike(node) -> tuple[fx.Node, float | fx.Node, Reason] | None:
+    """`(s32, eps, why)` of `s32 * rsqrt(mean(z ** p, dims) + eps)` (or `/ sqrt`) that is not a norm of
+    `s32`'s rows: statistics of another tensor, over another dim, or of another power."""
+    if is_call(node, aten.mul.Tensor) and len(node.args) == 2:
+        pairs = [(a, b.args[0]) for a, b in itertools.permutations(node.args) if is_call(b, aten.rsqrt.default)]
+    elif is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sqrt.default):
+        pairs = [(node.args[0], node.args[1].args[0])]
+    else:
+        return None
+    for s32, variance in pairs:
+        mean, eps = variance, 0.0
+        if is_call(variance, aten.add.Tensor, aten.add.Scalar) and len(variance.args) == 2:
+            mean, eps = variance.args
+            if not is_call(mean, aten.mean.dim):
+                eps, mean = mean, eps
+        eps = constant_float(eps) if constant_float(eps) is not None else eps
+        if not is_call(mean, aten.mean.dim) or not isinstance(s32, fx.Node) or fake(s32) is None:
+            continue
+        square, dims = mean.args[0], list(mean.args[1])
+        if is_call(square, aten.pow.Tensor_Scalar):
+            z, power = square.args[0], constant_float(square.args[1])
+        elif is_call(square, aten.mul.Tensor) and square.args[0] is square.args[1]:
+            z, power = square.args[0], 2.0
+        else:
+            continue
+        ndim = fake(s32).dim()
+        if z is not s32:
+            text = f"its statistics come from {getattr(z, 'name', z)}, not from the tensor it normalizes ({s32.name})"
+        elif dims not in ([-1], [ndim - 1]):
+            text = f"it takes the mean over dim {dims}, not over the last (hidden) dim"
+        elif power != 2.0:
+            text = f"it takes the mean of x**{power:g}, not of x**2"
+        else:
+            continue
+        return s32, eps, Reason(SharedCode.NORM_ARITHMETIC, text)
     return None
 
 
@@ -203,18 +325,16 @@ def _is_same_dtype_add(node, dtype: torch.dtype) -> bool:
     return a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype == dtype
 
 
-def _model_dtype_multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
-    """A bf16/fp16 multiplier: `(1 + w)` rounded in the model dtype is the fused op's weight as it is
-    (offset 0.0: the op adds nothing to it); anything else is a Llama-style weight."""
+def _model_dtype_multiplier(m: fx.Node) -> dict:
+    """A bf16/fp16 multiplier, as it is (offset 0.0: the op adds nothing to it): Gemma's `1 + w` rounded
+    in the model dtype, or the standard norm's weight (`torch.nn.RMSNorm`'s bf16 `w`, promoted)."""
     one_plus = is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2
-    if one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args):
-        return m, 0.0, None
-    text = f"the weight multiplier is `{m.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
+    gemma = one_plus and any(constant_float(c) == 1.0 for c in m.args) and any(isinstance(w, fx.Node) for w in m.args)
+    return _weight(m, 0.0, standard=not gemma)
 
 
-def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
-    """`(weight, offset, difference)` with the norm's multiplier = `weight.f32 + offset`."""
+def _multiplier(m: fx.Node) -> dict:
+    """`weight`, `weight_offset`, `standard`, `difference` with the multiplier = `weight.f32 + offset`."""
     if is_call(m, aten.add.Tensor) and not m.kwargs and len(m.args) == 2:
         for w, c in itertools.permutations(m.args):
             offset = constant_float(c)
@@ -222,20 +342,25 @@ def _multiplier(m: fx.Node) -> tuple[fx.Node, float, Reason | None]:
                 continue
             inner = w.args[0] if is_call(w, _CAST) and w.args[1] == torch.float32 else w
             if offset == 1.0:
-                return inner, 1.0, None
-            text = f"the weight multiplier is `{offset:g} + w`, not Gemma's `1 + w`"
-            return inner, offset, Reason(SharedCode.NORM_ARITHMETIC, text)
+                return _weight(inner, 1.0)
+            if offset == 0.0:  # `0 + w`: the sum itself is the weight (it turns a -0 weight into +0)
+                return _weight(m, 0.0, standard=True)
+            text = f"the weight multiplier is `{offset:g} + w`, neither the standard `w` nor Gemma's `1 + w`"
+            return _weight(inner, offset, difference=Reason(SharedCode.NORM_ARITHMETIC, text))
         scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
         if len(scalars) == 1:
             text = (
                 f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
                 "makes a float that is not a literal a graph input); the fused op takes a constant offset"
             )
-            return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
+            return _weight(m, 0.0, difference=Reason(SharedCode.NORM_ARITHMETIC, text))
     if m.op == "get_attr":
-        return m, 0.0, None  # freezing folded `1 + w.float()` into one fp32 constant
+        return _weight(m, 0.0)  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
     if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
-        return _model_dtype_multiplier(inner)  # `(1 + w).float()`: the cast is exact
-    text = f"the weight multiplier is `{inner.name}` itself, not Gemma's `1 + w` (a Llama-style weight)"
-    return m, 0.0, Reason(SharedCode.NORM_ARITHMETIC, text)
+        return _model_dtype_multiplier(inner)  # `w.float()`, `(1 + w).float()`: the cast is exact
+    return _weight(m, 0.0, standard=True)  # an fp32 weight: `normalize(x) * w`, one rounding
+
+
+def _weight(weight: fx.Node, offset: float, *, standard: bool = False, difference: Reason | None = None) -> dict:
+    return {"weight": weight, "weight_offset": offset, "standard": standard, "difference": difference}

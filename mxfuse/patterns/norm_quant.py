@@ -1,4 +1,4 @@
-"""Rewrite 1: a Gemma norm whose output is MXFP8-quantized becomes one fused op.
+"""Rewrite 1: a norm (Gemma or standard) whose output is MXFP8-quantized becomes one fused op.
 
 Before (any norm form of :mod:`mxfuse.patterns.norms`, any quant of :mod:`.quants`)::
 
@@ -10,9 +10,11 @@ After::
 
     q, s, res_out, y = gemma_fused_add_rmsnorm_mxfp8(x, res, w, eps, swizzled, emit_y=<other users>)
 
-The scale layout comes from the quant node. Quants of the same layout share the
-fused outputs; a quant with the other layout keeps reading `y` (then emitted). A quant
-may read `y` through shape-only views that keep rows whole (`y.reshape(-1, K)` of a
+A standard RMSNorm (`normalize(x) * w`) becomes `rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8`
+(offset 0; `round_normalized` as its source computes it); the packed forms of rewrite 2 use the
+Gemma-named packed ops with `weight_offset=0.0`. The scale layout comes from the quant node.
+Quants of the same layout share the fused outputs; a quant with the other layout keeps
+reading `y` (then emitted). A quant may read `y` through shape-only views that keep rows whole (`y.reshape(-1, K)` of a
 `[batch, seq, K]` model); the fused outputs get the same views (the scales with `K/32`
 as last size), and every other user keeps the shape it had. A quant across an
 all-gather is not touched here: that is rewrite 2's business.
@@ -54,8 +56,12 @@ FIXES: dict[RefusalCode, str] = {
     SharedCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
     SharedCode.EPS_INVALID: "give the norm a non-negative eps",
     SharedCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
-    SharedCode.NORM_ARITHMETIC: "compute `(x.float() * rsqrt(mean(x.float()**2) + eps) * (1 + w.float())).to(dtype)` "
-    "as transformers' GemmaRMSNorm does, or call torch.ops.mxfuse.gemma_rmsnorm",
+    SharedCode.NORM_ARITHMETIC: "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and "
+    "`(n * (1 + w.float())).to(dtype)` (Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm "
+    "/ rms_norm",
+    SharedCode.NORM_DTYPES: "give the norm weight the activations' dtype (bfloat16/float16) and cast the output back",
+    SharedCode.NORM_KERNEL: "leave vLLM's IR priority for the norm at its default (native), e.g. VLLM_USE_OINK_OPS=0 "
+    "or VLLM_ROCM_USE_AITER_RMSNORM=0",
     NormQuantCode.VIEW_NOT_ROWS: "quantize a view that keeps rows whole, e.g. `x.reshape(-1, K)`",
     SharedCode.RESIDUAL_MISMATCH: "give the residual the input's shape and dtype",
     SharedCode.ALLREDUCE_FUSED: "none needed at decode: the compile ranges above max_token_num reach mxfuse as "
@@ -113,7 +119,7 @@ class NormQuant:
     """Rewrite 1 (see the module docstring); built by the pass only when `fuse_norm_quant` is on."""
 
     name = NAME
-    warning_head = "Gemma norm(s) feeding an MXFP8 quant not fused in this graph"
+    warning_head = "norm(s) feeding an MXFP8 quant not fused in this graph"
 
     def __init__(self):
         self._moved: dict[fx.Node, fx.Node] = {}  # planned node -> what replaced it, in this run's applies
@@ -247,7 +253,10 @@ def insert_fused_norm(
     the norm's is used, "y" when `emit_y`.
     """
     mx = torch.ops.mxfuse
-    flags = {"emit_y": emit_y, "weight_offset": norm.weight_offset}
+    standard_op = norm.standard and not packed  # rms_norm_mxfp8 / fused_add_rms_norm_mxfp8: no offset argument
+    flags: dict = {"emit_y": emit_y} if standard_op else {"emit_y": emit_y, "weight_offset": norm.weight_offset}
+    if norm.round_normalized or norm.standard:
+        flags["round_normalized"] = norm.round_normalized
     if not packed:
         flags = {"swizzled": swizzled, **flags}
         if rule != QuantRule.DEFAULT:  # torchao's NaN / scale-byte-0 encoding (see QuantRule)
@@ -259,9 +268,11 @@ def insert_fused_norm(
         eps, flags["eps_tensor"] = 0.0, eps
     if norm.has_residual:
         op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if packed else mx.gemma_fused_add_rmsnorm_mxfp8
+        op = mx.fused_add_rms_norm_mxfp8 if standard_op else op
         args, flags["round_sum"] = (norm.x, norm.residual, norm.weight, eps), norm.round_sum
     else:
         op = mx.gemma_rmsnorm_mxfp8_packed if packed else mx.gemma_rmsnorm_mxfp8
+        op = mx.rms_norm_mxfp8 if standard_op else op
         args = (norm.x, norm.weight, eps)
     names = (["packed"] if packed else ["codes", "scales"]) + (["residual_out"] if norm.has_residual else []) + ["y"]
     wanted = {"packed", "codes", "scales"}

@@ -1,17 +1,22 @@
-"""Recognizers for every form a Gemma RMSNorm takes in a post-grad graph.
+"""Recognizers for every form a Gemma or a standard RMSNorm takes in a post-grad graph.
 
 A recognizer is anchored at the node that holds the norm's output `y` and returns a
 :class:`NormMatch` (what a replacement needs: inputs, eps, numerics mode, the nodes
-holding `y` and `residual_out`) or None. Forms:
+holding `y` and `residual_out`) or None. Gemma norms multiply by `1 + w`, standard ones
+(`standard=True`) by `w`. Forms:
 
-- ``mxfuse``: `mxfuse::gemma_rmsnorm` / `gemma_fused_add_rmsnorm` (getitem 0 is y);
-- ``flashinfer``: `flashinfer::gemma_rmsnorm` / `gemma_fused_add_rmsnorm`, in place,
-  under `auto_functionalized` (v1, vLLM) or `auto_functionalized_v2` (torch default);
-- ``vllm_ir``: `vllm_ir::rms_norm` / `fused_add_rms_norm` called with an fp32 weight
-  (vLLM's `GemmaRMSNorm` passes `weight.float() + 1.0`);
-- ``hf``: the decomposed ATen of Hugging Face's `GemmaRMSNorm` / `MiniMaxM3VLRMSNorm`,
-  in each spelling of :mod:`mxfuse.patterns.hf_norm`, with a residual add in front of it
-  folded in.
+- ``mxfuse``: `mxfuse::gemma_rmsnorm` / `gemma_fused_add_rmsnorm` and the standard
+  `mxfuse::rms_norm` / `fused_add_rms_norm` (getitem 0 is y), `round_normalized` as called;
+- ``flashinfer``: `flashinfer::gemma_rmsnorm` / `gemma_fused_add_rmsnorm` and the standard
+  `flashinfer::rmsnorm` / `fused_add_rmsnorm`, in place, under `auto_functionalized` (v1,
+  vLLM) or `auto_functionalized_v2` (torch default); fp32 throughout, one rounding;
+- ``vllm_ir``: `vllm_ir::rms_norm` / `fused_add_rms_norm`: with an fp32 weight (vLLM's
+  `GemmaRMSNorm` passes `weight.float() + 1.0`: one rounding), or with a weight of x's dtype
+  (vLLM's `RMSNorm`: the native impl `x.to(w.dtype) * w`, `round_normalized=True`); refused
+  when vLLM's dispatch priority puts its oink or ROCm AITER kernel first (not reproduced);
+- ``hf``: the decomposed ATen of Hugging Face's `GemmaRMSNorm` / `MiniMaxM3VLRMSNorm` and
+  `LlamaRMSNorm` & co., and of `torch.nn.RMSNorm`, in each spelling of
+  :mod:`mxfuse.patterns.hf_norm`, with a residual add in front of it folded in.
 
 A recognized norm whose arithmetic differs from the fused op's carries that
 `difference`; :func:`reject_reason` returns it first, so it is reported, never fused.
@@ -20,6 +25,7 @@ A recognized norm whose arithmetic differs from the fused op's carries that
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +45,7 @@ aten, prims = torch.ops.aten, torch.ops.prims
 
 @dataclass(frozen=True)
 class NormMatch:
-    """A Gemma norm found in a graph, in the terms of the mxfuse fused ops."""
+    """A Gemma or standard norm found in a graph, in the terms of the mxfuse fused ops."""
 
     form: str
     x: fx.Node
@@ -52,6 +58,8 @@ class NormMatch:
     round_sum: bool = False
     weight_offset: float = 1.0
     difference: Reason | None = None  # why its arithmetic is not the fused op's (never fused then)
+    round_normalized: bool = False  # round `normalize(s)` to the dtype before the weight multiply
+    standard: bool = False  # the standard RMSNorm (`normalize(x) * w`, offset 0), not Gemma's `1 + w`
 
     @property
     def has_residual(self) -> bool:
@@ -59,6 +67,10 @@ class NormMatch:
 
     @property
     def kind(self) -> str:
+        """`form:plain` / `form:fused_add` for a Gemma norm; `form:rms_norm` / `form:fused_add_rms_norm`
+        for a standard one."""
+        if self.standard:
+            return f"{self.form}:{'fused_add_rms_norm' if self.has_residual else 'rms_norm'}"
         return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"
 
 
@@ -128,62 +140,91 @@ def same_shape(a, b) -> bool:
 
 def _match_mxfuse(y: fx.Node) -> NormMatch | None:
     ops = torch.ops.mxfuse
-    if is_call(y, ops.gemma_rmsnorm.default):
-        x, w, eps = (get_arg_value(y, i, n) for i, n in enumerate(("x", "weight", "eps")))
-        return NormMatch("mxfuse", x, None, w, constant_float(eps), y, None, y)
-    if is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], ops.gemma_fused_add_rmsnorm.default):
+    if is_call(y, ops.gemma_rmsnorm.default, ops.rms_norm.default):
+        x, w, eps, rounded = (get_arg_value(y, i, n) for i, n in enumerate(_MXFUSE_ARGS))
+        return _mxfuse_match(y.target is ops.rms_norm.default, x, None, w, eps, rounded, y, None, y)
+    add_ops = (ops.gemma_fused_add_rmsnorm.default, ops.fused_add_rms_norm.default)
+    if is_call(y, operator.getitem) and y.args[1] == 0 and is_call(y.args[0], *add_ops):
         norm = y.args[0]
-        x, r, w, eps = (get_arg_value(norm, i, n) for i, n in enumerate(("x", "residual", "weight", "eps")))
-        return NormMatch("mxfuse", x, r, w, constant_float(eps), y, single_getitem(norm, 1), norm)
+        x, r, w, eps, rounded = (get_arg_value(norm, i, n) for i, n in enumerate(("x", "residual", *_MXFUSE_ARGS[1:])))
+        standard = norm.target is ops.fused_add_rms_norm.default
+        return _mxfuse_match(standard, x, r, w, eps, rounded, y, single_getitem(norm, 1), norm)
     return None
+
+
+_MXFUSE_ARGS = ("x", "weight", "eps", "round_normalized")
+
+
+def _mxfuse_match(standard, x, r, w, eps, rounded, y, residual_out, anchor) -> NormMatch:
+    return NormMatch(
+        "mxfuse",
+        x,
+        r,
+        w,
+        constant_float(eps),
+        y,
+        residual_out,
+        anchor,
+        weight_offset=0.0 if standard else 1.0,
+        round_normalized=bool(rounded),
+        standard=standard,
+    )
 
 
 # ---------------------------------------------------------------- flashinfer ops
 
 
-def _flashinfer_ops():
+_FLASHINFER_NORMS = {  # op name -> (standard, fused_add); the standard kernels add weight_bias 0
+    "gemma_rmsnorm": (False, False),
+    "gemma_fused_add_rmsnorm": (False, True),
+    "rmsnorm": (True, False),
+    "fused_add_rmsnorm": (True, True),
+}
+
+
+def _flashinfer_op(target) -> tuple[bool, bool] | None:
+    """`(standard, fused_add)` when `target` is one of FlashInfer's norm ops (registered only once
+    something defined `torch.ops.flashinfer.*`: FlashInfer 0.7.2 itself registers none)."""
     ns = torch.ops.flashinfer
-    if not hasattr(ns, "gemma_rmsnorm"):  # hasattr tries to load; False unless flashinfer.norm was imported
-        return None, None
-    return ns.gemma_rmsnorm.default, ns.gemma_fused_add_rmsnorm.default
+    for name, what in _FLASHINFER_NORMS.items():
+        if hasattr(ns, name) and target is getattr(ns, name).default:  # hasattr tries to load the op
+            return what
+    return None
 
 
 def _match_flashinfer(y: fx.Node) -> NormMatch | None:
     if not (is_call(y, operator.getitem) and is_call(y.args[0], auto_functionalized, auto_functionalized_v2)):
         return None
-    plain_op, add_op = _flashinfer_ops()
     af = y.args[0]
     op, kw = af.args[0], af.kwargs
     v2 = af.target is auto_functionalized_v2
-    if plain_op is None or op not in (plain_op, add_op):
+    what = _flashinfer_op(op)
+    if what is None or y.args[1] != 1:
         return None
+    standard, fused_add = what
     if v2 and any(k.endswith(("_size", "_stride", "_storage_offset", "_slice_dim")) for k in kw):
         return None  # mutated views of a base: not the plain case we can replace
-    if op is plain_op:
-        # outputs: (None, out); `out` is the mutated buffer
-        x = kw["input"]
-        if y.args[1] != 1:
-            return None
-        return NormMatch("flashinfer", x, None, kw["weight"], constant_float(kw["eps"]), y, None, af)
-    # gemma_fused_add_rmsnorm mutates input (-> y) and residual (-> input + residual)
-    if y.args[1] != 1:
-        return None
+    offset = 0.0 if standard else 1.0
+    eps = constant_float(kw["eps"])
+    if not fused_add:  # outputs: (None, out); `out` is the mutated buffer
+        return NormMatch(
+            "flashinfer", kw["input"], None, kw["weight"], eps, y, None, af, weight_offset=offset, standard=standard
+        )
+    # the fused-add ops mutate input (-> y) and residual (-> input + residual)
     if v2:
         bases = kw["_all_bases"]
         x, r = bases[kw["_input_base_index"]], bases[kw["_residual_base_index"]]
     else:
         x, r = kw["input"], kw["residual"]
-    return NormMatch("flashinfer", x, r, kw["weight"], constant_float(kw["eps"]), y, single_getitem(af, 2), af)
+    res_out = single_getitem(af, 2)
+    return NormMatch("flashinfer", x, r, kw["weight"], eps, y, res_out, af, weight_offset=offset, standard=standard)
 
 
 # --------------------------------------------------------------------- vLLM IR
 
 
-def _gemma_weight(weight: fx.Node) -> tuple[fx.Node, float] | None:
+def _gemma_weight(weight: fx.Node) -> tuple[fx.Node, float]:
     """`(w, offset)` with the norm's multiplier = `w.f32 + offset`, for an fp32 weight node."""
-    w = fake(weight)
-    if w is None or w.dtype != torch.float32:
-        return None  # a bf16 weight means `x.to(bf16) * w`: Llama numerics, not Gemma
     if is_call(weight, aten.add.Tensor) and constant_float(weight.args[1]) == 1.0:
         inner = weight.args[0]
         if is_call(inner, prims.convert_element_type.default) and not _is_alpha(weight):
@@ -217,13 +258,53 @@ def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
         out_res = single_getitem(norm, 1)
     else:
         return None
-    if vsize is not None or w is None:
+    if vsize is not None or w is None or fake(w) is None or fake(x) is None:
         return None
-    gemma = _gemma_weight(w)
-    if gemma is None:
+    eps = constant_float(eps)
+    w_dtype, x_dtype = fake(w).dtype, fake(x).dtype
+    if w_dtype == torch.float32:  # `x.f32 * w`: one rounding (vLLM's Gemma layer passes `w.float() + 1`)
+        weight, offset = _gemma_weight(w)  # native impl: oink and AITER take a weight of x's dtype only
+        return NormMatch("vllm_ir", x, r, weight, eps, y, out_res, norm, weight_offset=offset)
+    difference = _vllm_ir_kernel_reason(norm.target)
+    if w_dtype != x_dtype and difference is None:
+        text = (
+            f"the weight is {w_dtype} on {x_dtype} activations: vLLM rounds `normalize(x)` to {w_dtype}, multiplies "
+            f"in {w_dtype}, then casts to {x_dtype}; the fused op rounds to the activation dtype only"
+        )
+        difference = Reason(SharedCode.NORM_DTYPES, text)
+    # vLLM's RMSNorm: `normalize(x).to(w.dtype) * w`, the product of two values of x's dtype
+    return NormMatch(
+        "vllm_ir",
+        x,
+        r,
+        w,
+        eps,
+        y,
+        out_res,
+        norm,
+        weight_offset=0.0,
+        difference=difference,
+        round_normalized=True,
+        standard=True,
+    )
+
+
+_NOT_REPRODUCED = {"oink": "vLLM's oink (Blackwell) norm kernel", "aiter": "ROCm AITER's norm kernel"}
+
+
+def _vllm_ir_kernel_reason(target) -> Reason | None:
+    """Why not, when vLLM's dispatch priority for this IR op (read off the loaded `vllm.ir.ops`, never
+    imported here) puts a kernel first whose arithmetic mxfuse does not reproduce (oink, ROCm AITER)."""
+    ops = sys.modules.get("vllm.ir.ops")
+    ir_op = getattr(ops, target.__name__.split(".")[0], None) if ops is not None else None
+    priority = ir_op.get_priority() if ir_op is not None else []
+    if not priority or priority[0] not in _NOT_REPRODUCED:
         return None
-    weight, offset = gemma
-    return NormMatch("vllm_ir", x, r, weight, constant_float(eps), y, out_res, norm, weight_offset=offset)
+    text = (
+        f"vLLM lowers this norm to {_NOT_REPRODUCED[priority[0]]} (its IR priority for {ir_op.name}: {priority}), "
+        "whose arithmetic mxfuse does not reproduce"
+    )
+    return Reason(SharedCode.NORM_KERNEL, text)
 
 
 # ------------------------------------------------------------- Hugging Face ATen
@@ -245,7 +326,7 @@ RECOGNIZERS = (
 
 
 def match_norm(y: fx.Node) -> NormMatch | None:
-    """The Gemma norm whose output `y` is, in any known form; None if `y` is not one."""
+    """The norm whose output `y` is, in any known form; None if `y` is not one."""
     for recognize in RECOGNIZERS:
         found = recognize(y)
         if found is not None:
@@ -254,13 +335,15 @@ def match_norm(y: fx.Node) -> NormMatch | None:
 
 
 def find_norms(graph: fx.Graph) -> list[NormMatch]:
-    """Every Gemma norm output in the graph, in graph order."""
+    """Every norm output in the graph, in graph order."""
     return [m for m in map(match_norm, _candidates(graph)) if m is not None]
 
 
 def _candidates(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a recognizer can anchor at (getitems, dtype casts, the norm ops), in graph order."""
-    targets = [operator.getitem, prims.convert_element_type.default, torch.ops.mxfuse.gemma_rmsnorm.default]
+    mx = torch.ops.mxfuse
+    targets = [operator.getitem, prims.convert_element_type.default, mx.gemma_rmsnorm.default, mx.rms_norm.default]
+    targets.append(aten.mul.Tensor)  # Hugging Face's `w * normalize(x).to(dtype)`; a norm computed in fp32
     ns = torch.ops.vllm_ir
     if hasattr(ns, "rms_norm"):
         targets.append(ns.rms_norm.default)

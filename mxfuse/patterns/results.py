@@ -50,6 +50,10 @@ class SharedCode(RefusalCode):
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
     NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
     ALLREDUCE_FUSED = "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)"
+    NORM_DTYPES = (
+        "a norm whose weight or output dtype differs from the activations' in a way the fused op does not compute"
+    )
+    NORM_KERNEL = "a norm lowered to an external kernel whose arithmetic mxfuse does not reproduce"
     NO_QUANT = "no MXFP8 quant reads the output"
     QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"

@@ -77,7 +77,7 @@ class SequenceParallelCode(RefusalCode):
     ALL_REDUCE_GROUPS = "all-reduces over more than one group or family"
     WORLD_SIZE_UNKNOWN = "the group's world size is unknown, or 1"
     ROWS_DIFFER = "an input to shard is not 2-D with the all-reduce's token rows"
-    ALL_REDUCE_NO_NORM = "an all-reduce feeds no Gemma norm"
+    ALL_REDUCE_NO_NORM = "an all-reduce feeds no norm"
     NORM_IN_PLACE = "a norm reading an all-reduce is in place (auto_functionalized)"
     SWIZZLED_PADDED = "swizzled scales of rows that may be padded"
     UNGATHERABLE = "a value read outside the local rows has no tensor to gather"
@@ -214,7 +214,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
             return _skip(
                 ar.start,
                 SequenceParallelCode.ALL_REDUCE_NO_NORM,
-                f"all_reduce {ar.start.name} feeds no Gemma norm (e.g. an MoE or another reduction); "
+                f"all_reduce {ar.start.name} feeds no norm (e.g. an MoE or another reduction); "
                 "the graph keeps its all-reduces",
             )
     region_list = [n for norm in norms for n in _norm_region(norm)]
