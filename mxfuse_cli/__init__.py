@@ -14,7 +14,7 @@ Subcommands:
   the sequence-parallel form on N processes (gloo on CPU, NCCL on N GPUs).
 - `mxfuse dump --out DIR` (:mod:`mxfuse.cli.dump`): depyf's debug dump and the passes'
   before/after graphs, with `DIR/INDEX.md` saying which file shows what.
-- `mxfuse explain` (:mod:`mxfuse.cli.explain`): for every Gemma norm of the compiled graph,
+- `mxfuse explain` (:mod:`mxfuse.cli.explain`): for every RMSNorm (Gemma or standard) of the compiled graph,
   whether it fused and, if not, why.
 
 Nothing here imports torch, `mxfuse` or vLLM.
@@ -52,7 +52,7 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mxfuse", description="Inductor passes that fuse Gemma RMSNorm with MXFP8 quantization."
+        prog="mxfuse", description="Inductor passes that fuse RMSNorm (Gemma and standard) with MXFP8 quantization."
     )
     parser.add_argument("--version", action=_Version, help="print the mxfuse version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

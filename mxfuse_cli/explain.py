@@ -12,9 +12,9 @@ NAME = "explain"
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         NAME,
-        help="for every Gemma norm of the compiled graph: fused or not, and why",
-        description="Compile a model with the mxfuse passes and say, for every Gemma norm of the graph, whether "
-        "it fused and if not why, with its module and source line.",
+        help="for every RMSNorm (Gemma or standard) of the compiled graph: fused or not, and why",
+        description="Compile a model with the mxfuse passes and say, for every RMSNorm (Gemma or standard) "
+        "of the graph, whether it fused and if not why, with its module and source line.",
     )
     add_model_args(p, factories=True)
     p.add_argument("--source", action="store_true", help="also print the source line of each norm")

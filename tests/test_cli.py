@@ -153,7 +153,7 @@ def test_explain_reference(capsys):
     rc = main(["explain", "--layers", "1", "--tokens", "16", "--source"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "graph 0: 3 Gemma norms, 2 fused, 1 not fused" in out
+    assert "graph 0: 3 norms, 2 fused, 1 not fused" in out
     lines = out.splitlines()
 
     def verdict(module):
@@ -166,7 +166,7 @@ def test_explain_reference(capsys):
     assert "return torch.ops.mxfuse.gemma_fused_add_rmsnorm(x, residual, self.w, self.eps)" in out
     assert "MXFP8 quants not fed by a Gemma norm (left as they are): 2" in out
     assert "1 read mxfuse_models.swiglu_oai" in out
-    assert out.rstrip().endswith("2 of 3 Gemma norms fused")
+    assert out.rstrip().endswith("2 of 3 norms fused")
     torch.compiler.reset()
 
 
@@ -204,14 +204,14 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     torch.compiler.reset()
     assert rc == 0, out
-    assert "graph 0: 2 Gemma norms, 1 fused, 1 not fused" in out
+    assert "graph 0: 2 norms, 1 fused, 1 not fused" in out
     lines = [line.strip() for line in out.splitlines()]
     assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in lines
     unfused = next(i for i, line in enumerate(lines) if line.startswith("not fused: "))
     assert "[hf:plain] at mxfuse_cli_factory.py:" in lines[unfused - 1]
     assert "nor Gemma's `1 + w`" in lines[unfused]
     assert lines[unfused + 1].startswith("fix: ") and "gemma_rmsnorm" in lines[unfused + 1]
-    assert out.rstrip().endswith("1 of 2 Gemma norms fused")
+    assert out.rstrip().endswith("1 of 2 norms fused")
 
 
 def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):

@@ -26,4 +26,4 @@ def test_str_of_the_answer_is_its_lines():
     answer = mxfuse.explain(fn, x, w, options=mxfuse.PassOptions(strict=True))
     assert str(answer) == "\n".join(answer.lines()) and len(answer.lines()) == 2
     assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in str(answer) and "not fused" in str(answer)
-    assert str(Explanation(())) == "no Gemma norm in the compiled graphs"
+    assert str(Explanation(())) == "no norm in the compiled graphs"

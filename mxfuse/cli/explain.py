@@ -1,4 +1,4 @@
-"""`mxfuse explain`: for every Gemma norm of the compiled graph, fused or not, and why."""
+"""`mxfuse explain`: for every RMSNorm (Gemma or standard) of the compiled graph, fused or not, and why."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def run_factory(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, out: TextIO, fixes: bool = False):
-    """Per graph: every Gemma norm (fused or why not), the rewrites that left the whole graph, and the
+    """Per graph: every norm (fused or why not), the rewrites that left the whole graph, and the
     MXFP8 quants no norm feeds."""
     n_fused = n_total = 0
     for i, (verdicts, quants) in enumerate(graphs):
@@ -57,7 +57,7 @@ def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, ou
         whole = [v for v in verdicts if v.whole_graph]
         fused = sum(v.fused for v in norms)
         n_fused, n_total = n_fused + fused, n_total + len(norms)
-        print(f"graph {i}: {len(norms)} Gemma norms, {fused} fused, {len(norms) - fused} not fused", file=out)
+        print(f"graph {i}: {len(norms)} norms, {fused} fused, {len(norms) - fused} not fused", file=out)
         for v in norms:
             where = " ".join(filter(None, (v.module, f"at {v.source}" if v.source else None)))
             print(f"  {v.node} [{v.kind}] {where}".rstrip(), file=out)
@@ -70,7 +70,7 @@ def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, ou
             print(f"  {v.rewrite} left the whole graph alone at {v.node}: {v.detail}", file=out)
         if quants:
             producers = collections.Counter(q.producer for q in quants)
-            print(f"  MXFP8 quants not fed by a Gemma norm (left as they are): {len(quants)}", file=out)
+            print(f"  MXFP8 quants not fed by a recognized norm (left as they are): {len(quants)}", file=out)
             for p, n in sorted(producers.items()):
                 print(f"    {n} read {p}", file=out)
             for q in quants:
@@ -80,4 +80,4 @@ def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, ou
                         "form the recognizers know (mxfuse, flashinfer, vllm_ir, Hugging Face ATen)",
                         file=out,
                     )
-    print(f"{n_fused} of {n_total} Gemma norms fused", file=out)
+    print(f"{n_fused} of {n_total} norms fused", file=out)

@@ -1,4 +1,4 @@
-"""Why each Gemma norm of a graph did or did not fuse: the analysis behind `mxfuse explain`.
+"""Why each norm (Gemma or standard RMSNorm) of a graph did or did not fuse: the analysis behind `mxfuse explain`.
 
 Pure functions over FX graphs. The verdicts come from what the pass itself decided,
 never from a second copy of its rules:
@@ -43,7 +43,7 @@ log = logging.getLogger("mxfuse")
 
 @dataclass(frozen=True)
 class Verdict:
-    """One Gemma norm of the graph and what the passes did with it."""
+    """One norm of the graph and what the passes did with it."""
 
     node: str  # the node holding the norm's output y (in the graph before the pass)
     kind: str  # norm form and variant, e.g. "mxfuse:fused_add", "hf:plain"
@@ -66,7 +66,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class QuantInput:
-    """An MXFP8 quant whose input is not a recognized Gemma norm (its producer, for the user)."""
+    """An MXFP8 quant whose input is not a recognized norm (its producer, for the user)."""
 
     quant: str
     producer: str
@@ -84,7 +84,7 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
 
 
 def explain(graph: fx.Graph, options: PassOptions = PassOptions()) -> list[Verdict]:  # noqa: B008 - frozen
-    """Verdicts for every Gemma norm of `graph`; runs the pass on a copy (`graph` is not touched, no dump)."""
+    """Verdicts for every norm of `graph`; runs the pass on a copy (`graph` is not touched, no dump)."""
     from mxfuse.passes import post_grad
 
     after = copy_graph(graph)
@@ -206,7 +206,7 @@ def last_frame(stack_trace: str | None) -> tuple[str | None, str | None]:
 
 
 def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
-    """MXFP8 quants of `graph` whose input is not the output of a recognized Gemma norm.
+    """MXFP8 quants of `graph` whose input is not the output of a recognized norm.
 
     Most are expected (attention or MLP activations); one fed by an op with "norm" in
     its name is a norm form the recognizers do not know (a foreign op).
@@ -271,13 +271,13 @@ class GraphVerdicts:
     """What the passes did to one graph the compile produced."""
 
     verdicts: tuple[Verdict, ...]
-    quant_inputs: tuple[QuantInput, ...]  # MXFP8 quants fed by something other than a Gemma norm
+    quant_inputs: tuple[QuantInput, ...]  # MXFP8 quants fed by something other than a recognized norm
     report: PassReport
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """`mxfuse.explain`'s answer: per compiled graph, every Gemma norm and why it did or did not fuse
+    """`mxfuse.explain`'s answer: per compiled graph, every norm and why it did or did not fuse
     (`str()`: one line per norm, as :meth:`lines`)."""
 
     graphs: tuple[GraphVerdicts, ...]
@@ -294,7 +294,7 @@ class Explanation:
         return [v.line() + (f" (fix: {v.fix})" if v.fix else "") for v in self.verdicts]
 
     def __str__(self) -> str:
-        return "\n".join(self.lines()) or "no Gemma norm in the compiled graphs"
+        return "\n".join(self.lines()) or "no norm in the compiled graphs"
 
 
 class RecordingPass(MxfusePass):
