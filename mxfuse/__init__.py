@@ -86,7 +86,7 @@ def explain(module, *example_inputs, options: PassOptions | None = None, dynamic
     """Compile `module` with the passes, run it once, and return why each Gemma norm did or did not fuse.
 
     Returns a :class:`mxfuse.passes.explain.Explanation` (its `verdicts`: node, norm kind,
-    fused, the reason as a `SkipCode` and as text, the fix, module path and source line).
+    fused, the reason as a `RefusalCode` and as text, the fix, module path and source line).
     """
     from mxfuse.passes.explain import explain_module
 

@@ -9,36 +9,47 @@ from __future__ import annotations
 import collections
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import mxfuse
-from mxfuse.passes import post_grad
 from mxfuse.passes.analysis import op_counts, op_name
+from mxfuse.passes.explain import RecordingPass, copy_graph
 from mxfuse.passes.options import PassOptions
+from mxfuse.passes.report import PassReport
 from mxfuse.testing import assert_bitwise, bits
 
 
-class CapturingPass(CustomGraphPass):
-    """Runs the mxfuse pass (or none) and records the graph's ops before and after."""
+class CapturingPass(RecordingPass):
+    """`RecordingPass` (each graph's report kept) that also keeps, of the last graph, what the tests
+    read: its ops before and after the rewrites, its code, its call targets and a copy of it as the
+    pass left it (Inductor goes on editing its own). `options=None`: records only, no rewrites."""
 
     def __init__(self, options: PassOptions | None):
-        self.options = options
+        super().__init__(options if options is not None else PassOptions())
+        self.rewrites = options is not None
+        self.calls = 0
         self.before: collections.Counter | None = None
         self.after: collections.Counter | None = None
+        self.graph: torch.fx.Graph | None = None
         self.graph_text: str | None = None
-        self.report: post_grad.PassReport | None = None
-        self.calls = 0
+        self.targets: list[str] = []
 
     def __call__(self, graph):
         self.calls += 1
         self.before = op_counts(graph)
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
+        if self.rewrites:
+            super().__call__(graph)
         self.after = op_counts(graph)
+        self.graph = copy_graph(graph)
         self.graph_text = graph.python_code("self").src
+        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+    @property
+    def report(self) -> PassReport | None:
+        """The last graph's report (None: the rewrites did not run)."""
+        return self.last_report
 
     def uuid(self):
-        return None  # never cache: every test compiles and captures
+        return None  # never cache: every compile captures
 
 
 def compile_with_pass(fn, *, dynamic=False, passes=True, **options):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from graph_helpers import example_inputs
 from torch import fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -50,25 +49,10 @@ def sp_gather_modes() -> list[tuple[str, PassOptions | None]]:
     return [("none", None), *((mode, PassOptions.from_env(sp_gather=mode)) for mode in ("bf16", "mxfp8"))]
 
 
-class GatherCapture(CustomGraphPass):
-    """Runs the mxfuse pass (or none) in Inductor's post-grad hook and records, per compile: how many
-    graphs it saw, the report, the call targets, and the dtype of each functional-collective all-gather."""
-
-    def __init__(self, options: PassOptions | None):
-        self.options, self.calls, self.report = options, 0, None
-        self.gathers: list[str] = []
-        self.targets: list[str] = []
-
-    def __call__(self, graph):
-        self.calls += 1
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
-        ag = c10d.all_gather_into_tensor.default
-        self.gathers = [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
-        self.targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
-
-    def uuid(self):
-        return None  # never cache: every compile runs the pass and records
+def gather_dtypes(graph: fx.Graph) -> list[str]:
+    """The dtype of each functional-collective all-gather of `graph` (a capture's copy, say)."""
+    ag = c10d.all_gather_into_tensor.default
+    return [str(n.meta["val"].dtype) for n in graph.nodes if n.target is ag]
 
 
 def weights(n=48, k=K):

@@ -15,6 +15,7 @@ from graph_helpers import FUSED_PLAIN, check, inputs
 import mxfuse
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
+from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 
@@ -27,7 +28,8 @@ def test_a_graph_where_nothing_fuses_is_dumped_with_its_report(tmp_path):
     capture = check(fn, (x, w), {FUSED_PLAIN: 0}, dump_dir=str(tmp_path))
     report = json.loads((tmp_path / "mxfuse_000.report.json").read_text())
     assert report["matched"] == {}
-    assert [s["reason"] for s in report["skipped"]] == ["no MXFP8 quant reads its output"]
+    assert [s.code for s in capture.report.skipped] == [SharedCode.NO_QUANT]
+    assert report["skipped"] == [s.as_dict() for s in capture.report.skipped]
     assert (tmp_path / "mxfuse_000.before.py").exists() and (tmp_path / "mxfuse_000.after.py").exists()
     assert len(capture.report.dumps) == 3
 

@@ -11,6 +11,7 @@ import mxfuse  # noqa: F401
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.patterns.norms import find_norms
 from mxfuse.patterns.quants import quant_users
+from mxfuse.patterns.results import SharedCode
 from mxfuse.testing import assert_bitwise
 
 mx = torch.ops.mxfuse
@@ -105,8 +106,8 @@ def test_hugging_face_minimax_m3_layer_fuses_within_the_foreign_bound(hf_layer):
         "hf:fused_add->mxfuse_quant:rowmajor": 1,
     }
     assert capture.after[QUANT] == 2  # o_proj and down_proj
-    # the per-head q/k norms feed RoPE, not a quant: left alone, with the reason
-    assert {s.reason for s in capture.report.skipped} == {"no MXFP8 quant reads its output"}
+    # the per-head q/k norms feed RoPE, not a quant: left alone, with the code
+    assert {s.code for s in capture.report.skipped} == {SharedCode.NO_QUANT}
     # foreign norm: outputs after two GEMMs agree to bf16 rounding of the layer
     error = (actual.float() - expected.float()).abs().max()
     assert error <= 2**-6 * expected.float().abs().max(), error

@@ -44,6 +44,7 @@ from fuzz_programs import (
     program_fn,
     program_inputs,
 )
+from graph_helpers import CapturingPass
 from sp_helpers import simulate
 from torch import fx
 from torch._inductor.decomposition import select_decomp_table
@@ -53,7 +54,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.passes import post_grad
-from mxfuse.passes.analysis import op_counts, op_name
+from mxfuse.passes.analysis import op_name
 from mxfuse.passes.explain import copy_graph
 from mxfuse.passes.options import SP_GATHER_MODES, PassOptions
 from mxfuse.testing import bits
@@ -179,20 +180,6 @@ class Frozen(torch.nn.Module):
         return self.fn(residual, eps_tensor, *(t for pair in zip(xs, self.ws) for t in pair))
 
 
-class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
-    def __init__(self, options):
-        self.options, self.report, self.counts = options, None, None
-
-    def __call__(self, graph):
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
-            self.graph = graph
-        self.counts = op_counts(graph)
-
-    def uuid(self):
-        return None
-
-
 @pytest.mark.parametrize("seed", [132])  # three norms, one with the same quant twice (CSE)
 def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
     """One program through torch.compile itself (dynamic=True, freezing on), with and without the pass."""
@@ -206,7 +193,7 @@ def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
     with torch.no_grad(), torch._inductor.config.patch(freezing=True), caplog.at_level(logging.WARNING, "mxfuse"):
         for name, opts in (("with", options), ("without", None)):
             torch._dynamo.reset()
-            capture = Capture(opts)
+            capture = CapturingPass(opts)
             compiled = torch.compile(module, dynamic=True, options={"post_grad_custom_post_pass": capture})
             for m in (6, 19):
                 args = program_inputs(program, m, seed + m)

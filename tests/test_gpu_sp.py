@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sp_helpers import GatherCapture, sp_gather_modes
+from graph_helpers import CapturingPass
+from sp_helpers import gather_dtypes, sp_gather_modes
 
 from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
 
@@ -45,7 +46,7 @@ def _rank_body(rank, world, port):
         eager = {n: model(ids[n]) for n in tokens(world)}
         for name, opts in sp_gather_modes():
             torch._dynamo.reset()
-            cap = GatherCapture(opts)
+            cap = CapturingPass(opts)
             compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": cap})
             same = []
             for i, n in enumerate(tokens(world)):
@@ -53,7 +54,7 @@ def _rank_body(rank, world, port):
                 if i == 0:
                     torch._dynamo.mark_dynamic(x, 0)
                 same.append(bitwise_equal(compiled(x), eager[n]))
-            results[name] = {"same": same, "gathers": cap.gathers, "compiles": cap.calls}
+            results[name] = {"same": same, "gathers": gather_dtypes(cap.graph), "compiles": cap.calls}
     dist.destroy_process_group()
     return results
 

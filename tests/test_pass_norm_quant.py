@@ -18,6 +18,7 @@ from graph_helpers import (
 )
 
 from mxfuse.ops import reference
+from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 K = 64
@@ -142,7 +143,7 @@ def test_norm_without_quant_is_left_alone_with_a_reason():
     x, _, w = inputs()
     capture = check(fn, (x, w), {NORM_PLAIN: 1})
     assert capture.after == capture.before
-    assert [s.reason for s in capture.report.skipped] == ["no MXFP8 quant reads its output"]
+    assert [s.code for s in capture.report.skipped] == [SharedCode.NO_QUANT]
 
 
 def test_fp32_activations_are_left_alone():
@@ -201,7 +202,7 @@ def test_hf_norm_with_non_multiple_of_32_hidden_and_no_quant_is_left_alone():
     x, _, w = inputs(k=48)
     capture = check(fn, (x, w), {})
     assert capture.after == capture.before
-    assert "not a multiple of 32" in capture.report.skipped[0].reason
+    assert capture.report.skipped[0].code is SharedCode.HIDDEN_SIZE
 
 
 # ------------------------------------------------------------ vLLM and FlashInfer

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sp_helpers import GatherCapture, sp_gather_modes
+from graph_helpers import CapturingPass
+from sp_helpers import gather_dtypes, sp_gather_modes
 
 from mxfuse.testing import bitwise_equal, run_ranks
 
@@ -35,7 +36,7 @@ def _model_checks(rank, world, results):
         eager = {n: model(ids[n]) for n in TOKENS}
     for name, options in sp_gather_modes():
         torch._dynamo.reset()
-        capture = GatherCapture(options)
+        capture = CapturingPass(options)
         compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         metrics.reset()
         same = []
@@ -48,7 +49,7 @@ def _model_checks(rank, world, results):
         results[name] = {
             "same": same,
             "compiles": capture.calls,
-            "gathers": capture.gathers,
+            "gathers": gather_dtypes(capture.graph),
             "matched": capture.report.matched_strings() if capture.report else {},
             "failed": capture.report.failed if capture.report else None,
             "packed_ops": sum("mxfp8_packed" in t for t in capture.targets),
@@ -96,13 +97,13 @@ def _broken_checks(rank, world, results):
         ("broken_bf16", PassOptions.from_env(sp_gather="bf16")),
     ):
         torch._dynamo.reset()
-        capture = GatherCapture(options)
+        capture = CapturingPass(options)
         compiled = torch.compile(broken, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out = compiled(xs[rank])
         results[name] = {
             "same": bitwise_equal(out, truth),
-            "gathers": capture.gathers,
+            "gathers": gather_dtypes(capture.graph),
             "matched": capture.report.matched_strings() if capture.report else {},
         }
 

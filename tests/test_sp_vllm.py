@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_helpers import CapturingPass
 from sp_helpers import sp_gather_modes
 
 from mxfuse.testing import bitwise_equal, run_ranks
@@ -18,22 +19,10 @@ WORLD = 2
 pytestmark = [pytest.mark.vllm, pytest.mark.distributed]
 
 
-class _Gathers(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """Runs the mxfuse pass (or none) and records the dtype and group of each vLLM gather."""
-
-    def __init__(self, options):
-        self.options, self.gathers, self.report = options, [], None
-
-    def __call__(self, graph):
-        from mxfuse.passes import post_grad
-
-        if self.options is not None:
-            self.report = post_grad.run(graph, self.options)
-        gather = torch.ops.vllm.all_gather.default
-        self.gathers = [(str(n.meta["val"].dtype), n.args[3]) for n in graph.nodes if n.target is gather]
-
-    def uuid(self):
-        return None
+def _vllm_gathers(graph: torch.fx.Graph) -> list[tuple[str, str]]:
+    """The dtype and group of each vLLM all-gather of `graph`."""
+    gather = torch.ops.vllm.all_gather.default
+    return [(str(n.meta["val"].dtype), n.args[3]) for n in graph.nodes if n.target is gather]
 
 
 def _rank_body(rank: int, world: int, port: int) -> dict:
@@ -72,13 +61,13 @@ def _checks(rank: int, group: str) -> dict:
     results = {}
     for name, options in sp_gather_modes():
         torch._dynamo.reset()
-        capture = _Gathers(options)
+        capture = CapturingPass(options)
         compiled = torch.compile(block, fullgraph=True, options={"post_grad_custom_post_pass": capture})
         with torch.no_grad():
             out = compiled(x, residual)
         results[name] = {
             "same": all(bitwise_equal(a, b) for a, b in zip(out, eager)),
-            "gathers": capture.gathers,
+            "gathers": _vllm_gathers(capture.graph),
             "matched": capture.report.matched_strings() if capture.report else {},
         }
     results["group"] = group

@@ -6,24 +6,21 @@ Everything runs on CPU with torchao's EMULATED kernel (dequantize + `aten.mm`); 
 graphs (`to_blocked` scales for `_scaled_mm`) compile on CPU but cannot run there, so the
 blocked layout is checked on a function that returns torchao's blocked scales itself.
 
-Nothing is stubbed: :class:`TorchaoFusion` runs the mxfuse pass itself and records op counts
-around it.
+Nothing is stubbed: `graph_helpers.CapturingPass` runs the mxfuse pass itself and records op
+counts around it.
 """
 
 from __future__ import annotations
 
-import collections
 from unittest import mock
 
 import pytest
 import torch
-from graph_helpers import assert_bitwise, op_counts
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from graph_helpers import CapturingPass, assert_bitwise
 
 import mxfuse  # noqa: F401
 from mxfuse.ops.library import MxfuseInputError
 from mxfuse.ops.reference import QuantRule, gemma_rmsnorm, quantize_rows
-from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.torchao_quant import ScaleSpelling, match_torchao_quant
 
@@ -246,32 +243,9 @@ def test_a_changed_constant_is_not_matched():
 # --------------------------------------------------------------------------- compiled graphs
 
 
-class TorchaoFusion(CustomGraphPass):
-    """The mxfuse pass (strict, from the environment like every test), with op counts before and
-    after it and its matched kinds as strings; `enabled=False` only records."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.matched: collections.Counter = collections.Counter()
-        self.before = self.after = None
-        self.calls = 0
-
-    def __call__(self, graph):
-        self.calls += 1
-        self.before = op_counts(graph)
-        if self.enabled:
-            report = post_grad.run(graph, PassOptions.from_env())
-            self.matched.update({str(kind): n for kind, n in report.matched.items()})
-            graph.eliminate_dead_code()
-        self.after = op_counts(graph)
-
-    def uuid(self):
-        return None  # never cache: every test compiles and captures
-
-
 def compile_fused(fn, enabled=True):
     torch._dynamo.reset()
-    fusion = TorchaoFusion(enabled)
+    fusion = CapturingPass(PassOptions.from_env() if enabled else None)
     return torch.compile(fn, options={"post_grad_custom_post_pass": fusion}), fusion
 
 
@@ -307,7 +281,7 @@ def test_norm_into_torchao_linear_fuses_bitwise_with_dynamic_tokens():
             # eager torchao: the same values; the NaN row's payload bits come from another mm kernel
             torch.testing.assert_close(fused_fn(x), model(x), rtol=0, atol=0, equal_nan=True)
     assert fusion.calls == 1 and plain.calls == 1
-    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant:rowmajor": 1}
+    assert fusion.merged_report().matched_strings() == {"mxfuse:plain->torchao_quant:rowmajor": 1}
     assert fusion.after[FUSED_PLAIN] == 1 and fusion.after["mxfuse::gemma_rmsnorm"] == 0
     # the decomposed quant is gone; what is left of the chain ops is torchao's dequant
     assert fusion.after["aten::log2"] == fusion.after["aten::amax"] == fusion.after["aten::exp2"] == 0
@@ -334,7 +308,7 @@ def test_blocked_scales_are_written_blocked():
         expected = tuple(map(_as_bytes, quant_for_scaled_mm(x)))
         assert_bitwise(tuple(map(_as_bytes, fused_fn(x))), expected)
         assert_bitwise(tuple(map(_as_bytes, plain_fn(x))), expected)
-    assert dict(fusion.matched) == {"mxfuse:plain->torchao_quant:swizzled+y": 1}
+    assert fusion.merged_report().matched_strings() == {"mxfuse:plain->torchao_quant:swizzled+y": 1}
     assert fusion.after["aten::permute"] == 0 and fusion.after["aten::slice_scatter"] == 0
     assert fusion.after["mxfuse::gemma_rmsnorm"] == 0  # y comes from the fused op (emit_y)
 
@@ -381,7 +355,7 @@ def test_hugging_face_minimax_m3_layer_with_torchao_fuses_every_norm_before_a_li
             assert _max_error(actual, eager) <= 2**-6 * eager.float().abs().max()
     assert fusion.calls == 1
     # input_layernorm -> q/k/v; residual add + post_attention_layernorm -> gate/up
-    assert dict(fusion.matched) == {
+    assert fusion.merged_report().matched_strings() == {
         "hf:plain->torchao_quant:rowmajor": 1,
         "hf:fused_add->torchao_quant:rowmajor": 1,
     }
@@ -417,4 +391,4 @@ def test_hugging_face_norm_into_torchao_quant_is_within_the_stated_bound():
             [actual[0].view(FP8), *actual[1:]], [plain_fn(*args)[0].view(FP8), *plain_fn(*args)[1:]]
         )
         assert_bitwise(actual, fn(*args))
-    assert dict(fusion.matched) == {"hf:fused_add->torchao_quant:rowmajor": 1}
+    assert fusion.merged_report().matched_strings() == {"hf:fused_add->torchao_quant:rowmajor": 1}

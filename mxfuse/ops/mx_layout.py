@@ -28,6 +28,7 @@ SCALE_DTYPE = torch.uint8
 BLOCK = 32
 """Values per E8M0 scale (MX block size)."""
 E8M0_BIAS = 127
+"""Exponent bias of an E8M0 scale byte: byte `sb` stands for `2**(sb - E8M0_BIAS)`."""
 E8M0_MAX = 254
 """Largest scale byte written (255 is E8M0's NaN)."""
 SWIZZLE_ROW_TILE = 128

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from mxfuse.ops.mx_layout import (
     BLOCK,
+    E8M0_BIAS,
     E8M0_MAX,
     FP8_DTYPE,
     FP8_MAX,
@@ -66,14 +67,14 @@ def e8m0_multiplier(sb: Tensor) -> Tensor:
     """`2**(127 - sb)` as fp32, built from bits (never a division by a subnormal)."""
     e = E8M0_MAX - sb.to(torch.int32)  # biased exponent of 2**(127 - sb)
     normal = (e.clamp_min(1) << 23).view(torch.float32)
-    return torch.where(e == 0, torch.full_like(normal, 2.0**-127), normal)
+    return torch.where(e == 0, torch.full_like(normal, 2.0 ** (E8M0_BIAS - E8M0_MAX)), normal)
 
 
 def e8m0_to_float(sb: Tensor) -> Tensor:
     """`2**(sb - 127)` as fp32 (exact for sb in [1, 254]; sb = 0 is 2**-127, subnormal)."""
     e = sb.to(torch.int32)
     normal = (e.clamp_min(1) << 23).view(torch.float32)
-    return torch.where(e == 0, torch.full_like(normal, 2.0**-127), normal)
+    return torch.where(e == 0, torch.full_like(normal, 2.0**-E8M0_BIAS), normal)
 
 
 def quantize_rows(x: Tensor, rule: int = QuantRule.DEFAULT) -> tuple[Tensor, Tensor]:
