@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import fx
@@ -18,8 +18,21 @@ def fake(node: Any) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def is_call(node: Any, *targets) -> bool:
+def fake_dtype(node: Any) -> torch.dtype | None:
+    """The dtype of the node's FakeTensor (None where :func:`fake` is None)."""
+    val = fake(node)
+    return None if val is None else val.dtype
+
+
+def is_call(node: Any, *targets: object) -> TypeGuard[fx.Node]:
+    """Whether `node` is a node calling one of `targets` (a type guard: the caller may then read its args)."""
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def arg_node(node: fx.Node, index: int) -> fx.Node | None:
+    """`node.args[index]` when it is a node, None when it is a constant (a literal, a dtype, a list)."""
+    arg = node.args[index]
+    return arg if isinstance(arg, fx.Node) else None
 
 
 def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
