@@ -39,8 +39,9 @@ def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
     """`{i: [getitem(node, i), ...]}` for a multi-output node."""
     found: dict[int, list[fx.Node]] = {}
     for user in node.users:
-        if is_call(user, operator.getitem) and user.args[0] is node:
-            found.setdefault(user.args[1], []).append(user)
+        index = user.args[1] if is_call(user, operator.getitem) and user.args[0] is node else None
+        if isinstance(index, int):
+            found.setdefault(index, []).append(user)
     return found
 
 
