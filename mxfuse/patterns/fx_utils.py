@@ -29,12 +29,6 @@ def is_call(node: Any, *targets: object) -> TypeGuard[fx.Node]:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def arg_node(node: fx.Node, index: int) -> fx.Node | None:
-    """`node.args[index]` when it is a node, None when it is a constant (a literal, a dtype, a list)."""
-    arg = node.args[index]
-    return arg if isinstance(arg, fx.Node) else None
-
-
 def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
     """`{i: [getitem(node, i), ...]}` for a multi-output node."""
     found: dict[int, list[fx.Node]] = {}
