@@ -116,7 +116,7 @@ def run(graph: fx.Graph, options: PassOptions) -> PassReport:
         if report.applied:
             transaction.erase_dead(n for n, count in users_before.items() if count and not n.users)
         _log(report)
-    if options.dump_dir:  # every graph the pass sees: the report matters most when nothing fused
+    if options.dump_dir and before is not None:  # every graph the pass sees: the report matters most when nothing fused
         report.dumps = _dump(options.dump_dir, before, _graph_text(graph), report)
     return report
 

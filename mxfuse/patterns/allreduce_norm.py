@@ -58,7 +58,10 @@ def match_allreduce_norm(y: fx.Node, make):
             return None
         residual_out = single_getitem(node, 1 if plain else 2)
         x, residual, w, eps = kw["allreduce_in"], kw["residual"], kw["rms_gamma"], kw["rms_eps"]
-        offset, limit = float(kw.get("weight_bias", 0.0)), kw.get("max_token_num")
+        bias = kw.get("weight_bias", 0.0)
+        if not isinstance(bias, (int, float)):
+            return None  # the op's schema has `float weight_bias`: a literal
+        offset, limit = float(bias), kw.get("max_token_num")
         form, op = "flashinfer_allreduce", f"vllm.{FLASHINFER_OP}"
     elif aiter is not None and is_call(node, aiter) and index == 0:
         x, residual, w, eps = node.args[:4]

@@ -62,6 +62,8 @@ def match_gathered(out: fx.Node) -> GatherMatch | None:
         if not m:
             return None
         start = out.args[0]
+        if not isinstance(start, fx.Node):
+            return None
         if not all(u is out or is_call(u, torch.ops.aten.sym_size.int) for u in start.users):
             return None
         return GatherMatch("c10d", start, out, m.kwargs["x"], m.kwargs["world_size"], m.kwargs["group_name"], 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import fx
@@ -18,7 +18,14 @@ def fake(node: Any) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def is_call(node: Any, *targets) -> bool:
+def fake_dtype(node: Any) -> torch.dtype | None:
+    """The dtype of the node's FakeTensor (None where :func:`fake` is None)."""
+    val = fake(node)
+    return None if val is None else val.dtype
+
+
+def is_call(node: Any, *targets: object) -> TypeGuard[fx.Node]:
+    """Whether `node` is a node calling one of `targets` (a type guard: the caller may then read its args)."""
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
@@ -26,8 +33,9 @@ def getitem_users(node: fx.Node) -> dict[int, list[fx.Node]]:
     """`{i: [getitem(node, i), ...]}` for a multi-output node."""
     found: dict[int, list[fx.Node]] = {}
     for user in node.users:
-        if is_call(user, operator.getitem) and user.args[0] is node:
-            found.setdefault(user.args[1], []).append(user)
+        index = user.args[1] if is_call(user, operator.getitem) and user.args[0] is node else None
+        if isinstance(index, int):
+            found.setdefault(index, []).append(user)
     return found
 
 

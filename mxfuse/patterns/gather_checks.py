@@ -87,6 +87,8 @@ def gathered_shapes_reason(quant: QuantMatch, codes_out: fx.Node, scales_out: fx
     x, codes, scales = fake(quant.x), fake(codes_out), fake(scales_out)
     if codes is None or scales is None:
         return Reason(SharedCode.NO_SHAPES, "no fake tensor on the gathered codes or scales")
+    if x is None:
+        return Reason(SharedCode.NO_SHAPES, "no fake tensor on the quant's input")
     m, k = x.shape
     rows_ok = codes.dim() == 2 and statically_known_true(codes.shape[0] == ws * m)
     if codes.dtype != FP8_DTYPE or not rows_ok or codes.shape[1] != k:

@@ -33,11 +33,13 @@ returned with a `difference` naming it, so it is reported, never fused.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.node import Argument
 
-from mxfuse.patterns.fx_utils import constant_float, fake, is_call
+from mxfuse.patterns.fx_utils import constant_float, fake, fake_dtype, is_call
 from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -48,14 +50,20 @@ _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 def match_hf(y: fx.Node, make_match):
     """The decomposed-ATen norm whose output is `y` (`make_match(**fields)` builds it), or None."""
-    if is_call(y, _CAST) and y.args[1] in _MODEL_DTYPES:
-        return _match_cast(y, make_match)
+    dtype = _model_dtype(y.args[1]) if is_call(y, _CAST) else None
+    if dtype is not None:
+        return _match_cast(y, dtype, make_match)
     if is_call(y, aten.mul.Tensor) and len(y.args) == 2 and not y.kwargs:
         return _match_rounded_normalized(y, make_match) or _match_fp32(y, make_match)
     return None
 
 
-def _match_cast(y: fx.Node, make_match):
+def _model_dtype(value: Any) -> torch.dtype | None:
+    """`value` when it is bf16 or fp16 (the dtype argument of a cast), else None."""
+    return value if isinstance(value, torch.dtype) and value in _MODEL_DTYPES else None
+
+
+def _match_cast(y: fx.Node, dtype: torch.dtype, make_match):
     """Anchor (1): `y = (n * M).to(dtype)`."""
     product = y.args[0]
     if not _is_f32(product) or not is_call(product, aten.mul.Tensor) or len(product.args) != 2:
@@ -64,12 +72,13 @@ def _match_cast(y: fx.Node, make_match):
     if split is None:
         return None
     normed, multiplier, s32, eps, stats_difference = split
-    source = _norm_input(s32, y.args[1], {y, product, normed})
-    if source is None or fake(multiplier) is None:
+    source = _norm_input(s32, dtype, {y, product, normed})
+    multiplier_val = fake(multiplier)
+    if source is None or multiplier_val is None:
         return None
     if _is_f32(multiplier):
         weight = _multiplier(multiplier)
-    elif fake(multiplier).dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
+    elif multiplier_val.dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
         weight = _model_dtype_multiplier(multiplier)
     else:
         return None
@@ -81,19 +90,22 @@ def _match_cast(y: fx.Node, make_match):
 def _match_rounded_normalized(y: fx.Node, make_match):
     """Anchor (2): `y = w * n.to(dtype)` (transformers' `LlamaRMSNorm`: `self.weight * h.to(input_dtype)`)."""
     for rounded, w in itertools.permutations(y.args):
-        if not (is_call(rounded, _CAST) and rounded.args[1] in _MODEL_DTYPES and _is_f32(rounded.args[0])):
+        if not is_call(rounded, _CAST) or not _is_f32(rounded.args[0]):
+            continue
+        dtype = _model_dtype(rounded.args[1])
+        if dtype is None:
             continue
         found = _normalized_any(rounded.args[0])
-        if found is None or fake(w) is None or fake(y) is None:
+        w_val, y_val = fake(w), fake(y)
+        if found is None or w_val is None or y_val is None:
             continue
         s32, eps, difference = found
-        dtype = rounded.args[1]
         source = _norm_input(s32, dtype, {y, rounded, rounded.args[0]})
         if source is None:
             return None
         source_difference = source.pop("difference")
         difference = difference or source_difference
-        w_dtype, out_dtype = fake(w).dtype, fake(y).dtype
+        w_dtype, out_dtype = w_val.dtype, y_val.dtype
         if difference is None and not w_dtype == out_dtype == dtype:
             text = (
                 f"the weight is {w_dtype}: `w * normalize(x).to({dtype})` gives a {out_dtype} output, "
@@ -135,9 +147,7 @@ def _match_fp32(y: fx.Node, make_match):
 def _widened(s32: fx.Node) -> bool:
     """Whether `s32` is a 16-bit tensor widened to fp32 (`x.float()`, `x.float() + r.float()`)."""
     casts = [s32] if is_call(s32, _CAST) else list(s32.args) if _is_same_dtype_add(s32, torch.float32) else []
-    return any(
-        is_call(c, _CAST) and fake(c.args[0]) is not None and fake(c.args[0]).dtype in _MODEL_DTYPES for c in casts
-    )
+    return any(is_call(c, _CAST) and fake_dtype(c.args[0]) in _MODEL_DTYPES for c in casts)
 
 
 def _split(product: fx.Node):
@@ -169,14 +179,15 @@ def _normalized(node) -> tuple[fx.Node, float | fx.Node] | None:
     """`(s32, eps)` of `s32 * rsqrt(var + eps)` or `s32 / sqrt(var + eps)`."""
     if is_call(node, aten.mul.Tensor) and len(node.args) == 2:
         for s32, rsqrt in itertools.permutations(node.args):
-            if is_call(rsqrt, aten.rsqrt.default):
+            if is_call(rsqrt, aten.rsqrt.default) and isinstance(s32, fx.Node):
                 eps = _variance_eps(rsqrt.args[0], s32)
                 if eps is not None:
                     return s32, eps
     if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sqrt.default):
-        eps = _variance_eps(node.args[1].args[0], node.args[0])
-        if eps is not None:
-            return node.args[0], eps
+        s32 = node.args[0]
+        eps = _variance_eps(node.args[1].args[0], s32)
+        if eps is not None and isinstance(s32, fx.Node):
+            return s32, eps
     return None
 
 
@@ -210,8 +221,9 @@ def _variance_eps(node, s32) -> float | fx.Node | None:
             if value is not None:
                 return value
             if isinstance(eps, fx.Node) and fake(eps) is not None:
-                if is_call(eps, _CAST) and eps.args[1] == torch.float32 and fake(eps.args[0]) is not None:
-                    eps = eps.args[0]  # the fused op casts it to fp32 itself; its source is a graph input
+                source = eps.args[0] if is_call(eps, _CAST) and eps.args[1] == torch.float32 else None
+                if isinstance(source, fx.Node) and fake(source) is not None:
+                    eps = source  # the fused op casts it to fp32 itself; its source is a graph input
                 return eps  # a runtime eps; `norms.reject_reason` checks it is a usable scalar
     return None
 
@@ -226,22 +238,29 @@ def _look_alike(node) -> tuple[fx.Node, float | fx.Node, Reason] | None:
     else:
         return None
     for s32, variance in pairs:
-        mean, eps = variance, 0.0
+        mean: Argument = variance
+        eps_arg: Argument = 0.0
         if is_call(variance, aten.add.Tensor, aten.add.Scalar) and len(variance.args) == 2:
-            mean, eps = variance.args
+            mean, eps_arg = variance.args
             if not is_call(mean, aten.mean.dim):
-                eps, mean = mean, eps
-        eps = constant_float(eps) if constant_float(eps) is not None else eps
-        if not is_call(mean, aten.mean.dim) or not isinstance(s32, fx.Node) or fake(s32) is None:
+                eps_arg, mean = mean, eps_arg
+        eps: float | fx.Node | None = constant_float(eps_arg)
+        if eps is None and isinstance(eps_arg, fx.Node):
+            eps = eps_arg
+        s32_val = fake(s32)
+        if eps is None or not is_call(mean, aten.mean.dim) or not isinstance(s32, fx.Node) or s32_val is None:
             continue
-        square, dims = mean.args[0], list(mean.args[1])
+        square, dims_arg = mean.args[0], mean.args[1]
+        if not isinstance(dims_arg, (list, tuple)):
+            continue
+        dims = list(dims_arg)
         if is_call(square, aten.pow.Tensor_Scalar):
             z, power = square.args[0], constant_float(square.args[1])
         elif is_call(square, aten.mul.Tensor) and square.args[0] is square.args[1]:
             z, power = square.args[0], 2.0
         else:
             continue
-        ndim = fake(s32).dim()
+        ndim = s32_val.dim()
         if z is not s32:
             text = f"its statistics come from {getattr(z, 'name', z)}, not from the tensor it normalizes ({s32.name})"
         elif dims not in ([-1], [ndim - 1]):
@@ -259,8 +278,9 @@ def _is_mean_square(node, s32) -> bool:
         return False
     square, dims = node.args[0], node.args[1]
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    ndim = fake(s32).dim() if fake(s32) is not None else -1
-    if not keepdim or list(dims) not in ([-1], [ndim - 1]):
+    s32_val = fake(s32)
+    ndim = s32_val.dim() if s32_val is not None else -1
+    if not keepdim or not isinstance(dims, (list, tuple)) or list(dims) not in ([-1], [ndim - 1]):
         return False
     if is_call(square, aten.pow.Tensor_Scalar):
         return square.args[0] is s32 and constant_float(square.args[1]) == 2.0
@@ -271,14 +291,14 @@ def _norm_input(s32: fx.Node, dtype: torch.dtype, norm_nodes: set) -> dict | Non
     """`x`, `residual`, `residual_out`, `anchor`, `round_sum` and any `difference` of the norm's input."""
     if is_call(s32, _CAST) and s32.args[1] == torch.float32:
         s = s32.args[0]
-        if fake(s) is None or fake(s).dtype != dtype:
+        if not isinstance(s, fx.Node) or fake_dtype(s) != dtype:
             return None
         if _is_same_dtype_add(s, dtype):
             return _fields(s.args[0], s.args[1], s, s, round_sum=True)
         return _fields(s, None, None, s32)
     if _is_same_dtype_add(s32, torch.float32) and all(is_call(a, _CAST) for a in s32.args):
-        x, residual = (a.args[0] for a in s32.args)
-        if not (fake(x) is not None and fake(residual) is not None and fake(x).dtype == fake(residual).dtype == dtype):
+        x, residual = (a.args[0] for a in s32.args if is_call(a, _CAST))
+        if not (fake_dtype(x) == fake_dtype(residual) == dtype):
             return None
         rounded = [u for u in s32.users if is_call(u, _CAST) and u.args[1] == dtype]
         others = [u for u in s32.users if u not in rounded and not _is_norm_read(u, s32)]
@@ -341,13 +361,15 @@ def _multiplier(m: fx.Node) -> dict:
             if offset is None or not isinstance(w, fx.Node):
                 continue
             inner = w.args[0] if is_call(w, _CAST) and w.args[1] == torch.float32 else w
+            if not isinstance(inner, fx.Node):
+                continue
             if offset == 1.0:
                 return _weight(inner, 1.0)
             if offset == 0.0:  # `0 + w`: the sum itself is the weight (it turns a -0 weight into +0)
                 return _weight(m, 0.0, standard=True)
             text = f"the weight multiplier is `{offset:g} + w`, neither the standard `w` nor Gemma's `1 + w`"
             return _weight(inner, offset, difference=Reason(SharedCode.NORM_ARITHMETIC, text))
-        scalars = [a for a in m.args if isinstance(a, fx.Node) and fake(a) is not None and fake(a).dim() == 0]
+        scalars = [a for a in m.args if isinstance(a, fx.Node) and (val := fake(a)) is not None and val.dim() == 0]
         if len(scalars) == 1:
             text = (
                 f"the weight multiplier is `c + w` with `c` the run-time scalar {scalars[0].name} (dynamic=True "
@@ -357,7 +379,7 @@ def _multiplier(m: fx.Node) -> dict:
     if m.op == "get_attr":
         return _weight(m, 0.0)  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
-    if inner is not m and fake(inner) is not None and fake(inner).dtype in _MODEL_DTYPES:
+    if inner is not m and isinstance(inner, fx.Node) and fake_dtype(inner) in _MODEL_DTYPES:
         return _model_dtype_multiplier(inner)  # `w.float()`, `(1 + w).float()`: the cast is exact
     return _weight(m, 0.0, standard=True)  # an fp32 weight: `normalize(x) * w`, one rounding
 

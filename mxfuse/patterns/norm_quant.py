@@ -26,6 +26,7 @@ and the fix where there is one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -127,7 +128,7 @@ class NormQuant:
     def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[NormQuantFusion | Skip]:
         """Decide every rewrite without touching the graph."""
         return [
-            plan_site(NAME, norm.y, norm.kind, lambda norm=norm: plan_one(norm))
+            plan_site(NAME, norm.y, norm.kind, functools.partial(plan_one, norm))
             for norm in find_norms(graph)
             if not _is_dead(norm)  # else left behind by an earlier rewrite; erased after the pass
         ]
@@ -142,14 +143,16 @@ class NormQuant:
         norm = moved(fusion.norm, self._moved)
         rule = fusion.quants[0].quant.rule  # the encoding the matched quants use
         out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
-        k = fake(norm.x).shape[-1]
+        x_val = fake(norm.x)
+        assert x_val is not None, "plan_one fuses only norms whose input has a fake value"
+        k = x_val.shape[-1]
         for viewed in fusion.quants:
             viewed.replace_outputs(graph, out["codes"], out["scales"], k)
         if fusion.emit_y:
             replaced = {q.quant.reads for q in fusion.quants}
             redirect_uses(norm.y, out["y"], keep=lambda user: user in replaced)
             self._moved[norm.y] = out["y"]
-        if "residual_out" in out:
+        if norm.residual_out is not None:  # insert_fused_norm returns "residual_out" exactly then
             self._moved[norm.residual_out] = out["residual_out"]
         return out["fused"]
 
@@ -182,7 +185,9 @@ def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
         return skip(norm, no_quant_reason(norm))
     usable = [v for v in viewed if quant_reject_reason(v.quant) is None]
     if not usable:
-        return skip(norm, quant_reject_reason(viewed[0].quant))
+        reason = quant_reject_reason(viewed[0].quant)
+        assert reason is not None  # no quant is usable
+        return skip(norm, reason)
     first = usable[0].quant
     chosen = tuple(v for v in usable if v.quant.swizzled == first.swizzled and v.quant.form == first.form)
     return NormQuantFusion(norm, chosen, first.swizzled, _keeps_other_users(norm.y, chosen))
@@ -227,7 +232,8 @@ def no_quant_reason(norm: NormMatch) -> Reason:
             )
     view = quant_behind_other_view(norm.y)
     if view is not None:
-        shape = tuple(fake(view).shape) if fake(view) is not None else "?"
+        view_val = fake(view)
+        shape = tuple(view_val.shape) if view_val is not None else "?"
         return Reason(
             NormQuantCode.VIEW_NOT_ROWS,
             f"the MXFP8 quant reads its output through {view.name} ({view.target}, shape {shape}), "
@@ -269,7 +275,8 @@ def insert_fused_norm(
     if norm.has_residual:
         op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if packed else mx.gemma_fused_add_rmsnorm_mxfp8
         op = mx.fused_add_rms_norm_mxfp8 if standard_op else op
-        args, flags["round_sum"] = (norm.x, norm.residual, norm.weight, eps), norm.round_sum
+        args: tuple[object, ...] = (norm.x, norm.residual, norm.weight, eps)
+        flags["round_sum"] = norm.round_sum
     else:
         op = mx.gemma_rmsnorm_mxfp8_packed if packed else mx.gemma_rmsnorm_mxfp8
         op = mx.rms_norm_mxfp8 if standard_op else op

@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import operator
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from torch._inductor.pattern_matcher import get_arg_value
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.node import Argument
 
 from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.patterns.allreduce_norm import match_allreduce_norm
-from mxfuse.patterns.fx_utils import constant_float, fake, is_call, single_getitem
+from mxfuse.patterns.fx_utils import constant_float, fake, fake_dtype, is_call, single_getitem
 from mxfuse.patterns.hf_norm import match_hf
 from mxfuse.patterns.results import Reason, SharedCode
 
@@ -205,19 +208,29 @@ def _match_flashinfer(y: fx.Node) -> NormMatch | None:
     if v2 and any(k.endswith(("_size", "_stride", "_storage_offset", "_slice_dim")) for k in kw):
         return None  # mutated views of a base: not the plain case we can replace
     offset = 0.0 if standard else 1.0
-    eps = constant_float(kw["eps"])
+    eps, weight = constant_float(kw["eps"]), kw["weight"]
+    if not isinstance(weight, fx.Node):
+        return None
     if not fused_add:  # outputs: (None, out); `out` is the mutated buffer
-        return NormMatch(
-            "flashinfer", kw["input"], None, kw["weight"], eps, y, None, af, weight_offset=offset, standard=standard
-        )
+        x = kw["input"]
+        if not isinstance(x, fx.Node):
+            return None
+        return NormMatch("flashinfer", x, None, weight, eps, y, None, af, weight_offset=offset, standard=standard)
     # the fused-add ops mutate input (-> y) and residual (-> input + residual)
     if v2:
-        bases = kw["_all_bases"]
-        x, r = bases[kw["_input_base_index"]], bases[kw["_residual_base_index"]]
+        x, r = _mutated_base(af, "input"), _mutated_base(af, "residual")
     else:
         x, r = kw["input"], kw["residual"]
+    if not isinstance(x, fx.Node) or not isinstance(r, fx.Node):
+        return None
     res_out = single_getitem(af, 2)
-    return NormMatch("flashinfer", x, r, kw["weight"], eps, y, res_out, af, weight_offset=offset, standard=standard)
+    return NormMatch("flashinfer", x, r, weight, eps, y, res_out, af, weight_offset=offset, standard=standard)
+
+
+def _mutated_base(af: fx.Node, name: str) -> Argument:
+    """The tensor `auto_functionalized_v2` mutates as argument `name`: `_all_bases[_<name>_base_index]`."""
+    bases, index = af.kwargs["_all_bases"], af.kwargs[f"_{name}_base_index"]
+    return bases[index] if isinstance(bases, (list, tuple)) and isinstance(index, int) else None
 
 
 # --------------------------------------------------------------------- vLLM IR
@@ -228,7 +241,9 @@ def _gemma_weight(weight: fx.Node) -> tuple[fx.Node, float]:
     if is_call(weight, aten.add.Tensor) and constant_float(weight.args[1]) == 1.0:
         inner = weight.args[0]
         if is_call(inner, prims.convert_element_type.default) and not _is_alpha(weight):
-            return inner.args[0], 1.0
+            source = inner.args[0]
+            if isinstance(source, fx.Node):
+                return source, 1.0
     return weight, 0.0
 
 
@@ -258,10 +273,10 @@ def _match_vllm_ir(y: fx.Node) -> NormMatch | None:
         out_res = single_getitem(norm, 1)
     else:
         return None
-    if vsize is not None or w is None or fake(w) is None or fake(x) is None:
+    w_dtype, x_dtype = fake_dtype(w), fake_dtype(x)
+    if vsize is not None or w is None or w_dtype is None or x_dtype is None:
         return None
     eps = constant_float(eps)
-    w_dtype, x_dtype = fake(w).dtype, fake(x).dtype
     if w_dtype == torch.float32:  # `x.f32 * w`: one rounding (vLLM's Gemma layer passes `w.float() + 1`)
         weight, offset = _gemma_weight(w)  # native impl: oink and AITER take a weight of x's dtype only
         return NormMatch("vllm_ir", x, r, weight, eps, y, out_res, norm, weight_offset=offset)
@@ -297,7 +312,9 @@ def _vllm_ir_kernel_reason(target) -> Reason | None:
     imported here) puts a kernel first whose arithmetic mxfuse does not reproduce (oink, ROCm AITER)."""
     ops = sys.modules.get("vllm.ir.ops")
     ir_op = getattr(ops, target.__name__.split(".")[0], None) if ops is not None else None
-    priority = ir_op.get_priority() if ir_op is not None else []
+    if ir_op is None:
+        return None
+    priority = ir_op.get_priority()
     if not priority or priority[0] not in _NOT_REPRODUCED:
         return None
     text = (
@@ -342,7 +359,12 @@ def find_norms(graph: fx.Graph) -> list[NormMatch]:
 def _candidates(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a recognizer can anchor at (getitems, dtype casts, the norm ops), in graph order."""
     mx = torch.ops.mxfuse
-    targets = [operator.getitem, prims.convert_element_type.default, mx.gemma_rmsnorm.default, mx.rms_norm.default]
+    targets: list[Callable[..., Any]] = [
+        operator.getitem,
+        prims.convert_element_type.default,
+        mx.gemma_rmsnorm.default,
+        mx.rms_norm.default,
+    ]
     targets.append(aten.mul.Tensor)  # Hugging Face's `w * normalize(x).to(dtype)`; a norm computed in fp32
     ns = torch.ops.vllm_ir
     if hasattr(ns, "rms_norm"):

@@ -212,7 +212,7 @@ def is_row_view(view: fx.Node) -> bool:
         return False
     if view.target in _RESHAPES:
         shape = view.args[1]
-        return isinstance(shape, (list, tuple)) and len(shape) > 0 and shape[-1] == k
+        return isinstance(shape, (list, tuple)) and len(shape) > 0 and bool(shape[-1] == k)
     dims = view.args[1] if len(view.args) > 1 else ()
     dims = dims if isinstance(dims, (list, tuple)) else (dims,)
     last = (out.dim() if view.target is _aten.unsqueeze.default else src.dim()) - 1
@@ -224,7 +224,9 @@ def replay_views(graph: fx.Graph, views: tuple[fx.Node, ...], src: fx.Node, last
     for view in views:
         rest = list(view.args[1:])
         if view.target in _RESHAPES:
-            rest[0] = [*view.args[1][:-1], last_size]
+            shape = view.args[1]
+            assert isinstance(shape, (list, tuple)), "is_row_view admits only reshapes to a list of sizes"
+            rest[0] = [*shape[:-1], last_size]
         src = call(graph, view.target, (src, *rest), dict(view.kwargs))
     return src
 

@@ -11,13 +11,14 @@ report only, never parsed back.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 from torch import fx
 
 T = TypeVar("T")
+F = TypeVar("F", bound="Fusion")  # the fusion type one rewrite plans and applies
 
 
 class Scope(enum.Enum):
@@ -153,10 +154,10 @@ class Fusion(Protocol):
 class PlanSite(Protocol):
     """The pass's rule for planning one site: `plan()`, or a `Skip` of that site if it raises."""
 
-    def __call__(self, rewrite: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T]) -> T | Skip: ...
+    def __call__(self, rewrite: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T], /) -> T | Skip: ...
 
 
-class Rewrite(Protocol):
+class Rewrite(Protocol[F]):
     """A rewrite, built with its configuration: plans every site without touching the graph, then
     applies what was planned, one fusion at a time.
 
@@ -170,8 +171,8 @@ class Rewrite(Protocol):
     name: str
     warning_head: str
 
-    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[Fusion | Skip]: ...
+    def plan(self, graph: fx.Graph, plan_site: PlanSite) -> Sequence[F | Skip]: ...
 
-    def apply(self, graph: fx.Graph, fusion: Fusion) -> fx.Node | None:
+    def apply(self, graph: fx.Graph, fusion: F) -> fx.Node | None:
         """The node standing for the rewritten site; None when the plan no longer applies."""
         ...

@@ -30,9 +30,9 @@ class Collectives:
 class Rows:
     """Graph nodes (or ints) for T, the padded row count and the pad amount."""
 
-    t: object
-    padded: object
-    pad: object
+    t: int | fx.Node
+    padded: int | fx.Node
+    pad: int | fx.Node
 
 
 def row_nodes(graph: fx.Graph, rows, w: int, first: fx.Node) -> Rows:
@@ -40,8 +40,8 @@ def row_nodes(graph: fx.Graph, rows, w: int, first: fx.Node) -> Rows:
     `first` (the earliest `[T, K]` tensor the rewrite reads)."""
     t = static_int(rows)
     if t is not None:
-        padded = -(-t // w) * w
-        return Rows(t, padded, padded - t)
+        total = -(-t // w) * w
+        return Rows(t, total, total - t)
     with graph.inserting_after(first):
         t_node = call(graph, aten.sym_size.int, (first, 0))
     with graph.inserting_after(t_node):
@@ -49,10 +49,10 @@ def row_nodes(graph: fx.Graph, rows, w: int, first: fx.Node) -> Rows:
     with graph.inserting_after(up):
         blocks = _sym(graph, operator.floordiv, up, w)
     with graph.inserting_after(blocks):
-        padded = _sym(graph, operator.mul, blocks, w)
-    with graph.inserting_after(padded):
-        pad = _sym(graph, operator.sub, padded, t_node)
-    return Rows(t_node, padded, pad)
+        total_node = _sym(graph, operator.mul, blocks, w)
+    with graph.inserting_after(total_node):
+        pad = _sym(graph, operator.sub, total_node, t_node)
+    return Rows(t_node, total_node, pad)
 
 
 def _value(v):
@@ -69,6 +69,7 @@ def padded(graph: fx.Graph, x: fx.Node, rows: Rows) -> fx.Node:
     if isinstance(rows.pad, int) and rows.pad == 0:
         return x
     val = fake(x)  # `constant_pad_nd` takes no symbolic pad; zeros + cat do (Inductor fuses them)
+    assert val is not None, "the rewrite pads only tensors whose fake value it read"
     shape = [rows.pad, *val.shape[1:]]
     zeros = graph.call_function(aten.full.default, (shape, 0.0), {"dtype": val.dtype, "device": val.device})
     with fake_mode_of(x):
@@ -108,11 +109,13 @@ def refresh(node: fx.Node) -> None:
         return a.meta["val"] if isinstance(a, fx.Node) else a
 
     args, kwargs = fx.node.map_arg(node.args, vals), fx.node.map_arg(node.kwargs, vals)
-    if node.target is operator.getitem:
+    target = node.target
+    if target is operator.getitem:
         node.meta["val"] = operator.getitem(*args)
     else:
+        assert callable(target), "only call_function nodes hold local rows"
         with fake_mode_of(*node.all_input_nodes):
-            node.meta["val"] = node.target(*args, **kwargs)
+            node.meta["val"] = target(*args, **kwargs)
     node.meta.pop("tensor_meta", None)
     refresh_eager_input_vals(node)
 

@@ -134,7 +134,10 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
     if spelling is None:
         return None
     blocked = _to_blocked(scales)
-    x, reads = _before_views(head, h.shape[-2] * BLOCK)
+    walked = _before_views(head, h.shape[-2] * BLOCK)
+    if walked is None:
+        return None
+    x, reads = walked
     return TorchaoQuantMatch(
         node=head,
         x=x,
@@ -374,7 +377,12 @@ def _to_blocked(scales: fx.Node) -> fx.Node | None:
 def _is_blocked(found: Match) -> bool:
     """The four views of a match of :func:`_blocked_patterns` have to_blocked's sizes."""
     views = [n for n in found.nodes if is_call(n, *_VIEWS)]
-    sizes = (({1: 128, 3: 4}, 4), ({1: 4, 2: 32, 3: 4}, 4), ({1: 32, 2: 16}, 3), ({}, 1))
+    sizes: tuple[tuple[dict[int, int], int], ...] = (
+        ({1: 128, 3: 4}, 4),
+        ({1: 4, 2: 32, 3: 4}, 4),
+        ({1: 32, 2: 16}, 3),
+        ({}, 1),
+    )
     return len(views) == 4 and all(any(_dims(v, dims, rank) for v in views) for dims, rank in sizes)
 
 
@@ -388,7 +396,10 @@ def _zero_padded(scales: fx.Node) -> fx.Node | None:
     offset 0 into it (copy into slices of it, slice_scatters); a write that covers a
     whole dim is dropped by Inductor, and with nothing to pad the scales are the result.
     """
-    m, n = fake(scales).shape
+    scales_val = fake(scales)
+    if scales_val is None:
+        return None
+    m, n = scales_val.shape
     padded_shape = (padded_rows(m), round_up(n, SWIZZLE_COLUMN_TILE))
     node = scales
     for _ in range(4):  # copy, slice_scatter (columns), slice_scatter (rows)
@@ -405,7 +416,8 @@ def _writes_at_origin(user: fx.Node, value: fx.Node) -> bool:
     """`user` writes `value` at offset 0 of a slice of a `full(0)`: `copy(slice..(full), value)`
     or `slice_scatter(base, value, dim, 0, end)` with base a `full(0)` or a slice of one."""
     if is_call(user, aten.copy.default) and user.args[1] is value:  # no broadcast: same shape
-        return _shape_is(user.args[0], fake(value).shape) and _root_of(user.args[0]) is not None
+        value_val = fake(value)
+        return value_val is not None and _shape_is(user.args[0], value_val.shape) and _root_of(user.args[0]) is not None
     if is_call(user, aten.slice_scatter.default) and user.args[1] is value:
         dim, start = user.args[2] if len(user.args) > 2 else 0, user.args[3] if len(user.args) > 3 else None
         return dim in (0, 1) and start in (0, None) and _root_of(user.args[0]) is not None
@@ -436,13 +448,16 @@ def _scalar(arg: Any) -> Any:
         return arg
     if is_call(arg, aten.scalar_tensor.default):
         return arg.args[0]
-    if is_call(arg, aten.full.default) and list(arg.args[0]) == []:
+    if is_call(arg, aten.full.default) and isinstance(arg.args[0], (list, tuple)) and len(arg.args[0]) == 0:
         return arg.args[1]
     return None
 
 
 def _is_last_dim(dims: Any, head: fx.Node) -> bool:
-    rank = fake(head).dim()
+    head_val = fake(head)
+    if head_val is None:
+        return False
+    rank = head_val.dim()
     return isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
 
 
@@ -456,10 +471,13 @@ def _shape_is(node: Any, shape: Any) -> bool:
     )
 
 
-def _before_views(head: fx.Node, k: int) -> tuple[fx.Node, fx.Node]:
+def _before_views(head: fx.Node, k: int) -> tuple[fx.Node, fx.Node] | None:
     """`(x, reads)`: walking back from the head through reshapes that keep the rows (last dim
-    K), the tensor the rows come from and its user on the way to the head."""
+    K), the tensor the rows come from and its user on the way to the head; None when the
+    head reshapes no node."""
     reads, node = head, head.args[0]
+    if not isinstance(node, fx.Node):
+        return None
     while is_call(node, *_VIEWS) and isinstance(node.args[0], fx.Node):
         src = fake(node.args[0])
         if src is None or src.dim() < 1 or not statically_known_true(src.shape[-1] == k):
