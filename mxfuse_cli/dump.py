@@ -81,7 +81,7 @@ def clear_earlier_dump(out: Path) -> int:
         _fail(f"cannot read {manifest} (the list of an earlier dump's files): {error}")
     root = out.resolve()
     removed = 0
-    folders = set()
+    folders: set[Path] = set()
     for name in names:
         path = (root / name).resolve()
         if path.parent != root and root not in path.parents:
