@@ -192,6 +192,18 @@ def _load_chunks(ptr, rows, stride, cols, row_mask, K, NCH: tl.constexpr, EVICT_
 
 
 @triton.jit
+def _load_weight(w_ptr, K, weight_offset, NCH: tl.constexpr, CH: tl.constexpr):
+    """(cols, w): the NCH column ranges of a row and the fp32 `w + weight_offset` on each."""
+    cols = ()
+    w = ()
+    for j in tl.static_range(NCH):
+        c = j * CH + tl.arange(0, CH)
+        cols = cols + (c,)
+        w = w + (tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0).to(tl.float32) + weight_offset,)
+    return cols, w
+
+
+@triton.jit
 def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, owner, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr):
     """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES and
     this program `owner`s the chunk."""
@@ -416,9 +428,10 @@ def _store_scales(
 def _norm_tile(
     tile,
     part,
+    cols,
+    w,
     x_ptr,
     r_ptr,
-    w_ptr,
     ro_ptr,
     y_ptr,
     q_ptr,
@@ -453,7 +466,8 @@ def _norm_tile(
     RULE: tl.constexpr,
     ISA: tl.constexpr,
 ):
-    """BM whole rows: all loads (weight, x, residual) issued before any use, one pass.
+    """BM whole rows of x (+ residual): all loads issued before any use, one pass; `cols`
+    and `w` are the NCH column ranges and the fp32 `w + weight_offset` chunks (:func:`_load_weight`).
 
     SPLIT > 1: this program (`part` of SPLIT) reads and reduces the whole rows like every
     other part (the same code, so the same bits), but stores the residual, normalizes,
@@ -462,12 +476,6 @@ def _norm_tile(
     """
     rows = tile.to(tl.int64) * BM + tl.arange(0, BM)
     row_mask = rows < M
-    cols = ()
-    w = ()
-    for j in tl.static_range(NCH):
-        c = j * CH + tl.arange(0, CH)
-        cols = cols + (c,)
-        w = w + (tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0).to(tl.float32) + weight_offset,)
     if LOAD_FENCE:
         # ptxas otherwise issues the weight loads only after the first use of x (after x's
         # round trip: a second, dependent one, exposed once the reduction is short); the
@@ -577,7 +585,8 @@ def _norm_kernel(
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
     A row is NCH (1..4) chunks of CH columns (a power of two), held in registers. One
-    tile of BM rows per program, or (PERSISTENT) tiles pid, pid + grid, ... of the `n_tiles`.
+    tile of BM rows per program, or (PERSISTENT) tiles pid, pid + grid, ... of the `n_tiles`,
+    the weight loaded and converted once per program.
 
     `scale_rows`: rows of the scale buffer (pad128(M) when SWIZZLED, else M). PAD_FILL
     (swizzled scales only): the `n_tiles` tiles cover the M real rows, and the programs
@@ -589,13 +598,15 @@ def _norm_kernel(
     part = tl.program_id(1)
     stored_scale_rows = M if PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
     if PERSISTENT:
+        cols, w = _load_weight(w_ptr, K, weight_offset, NCH, CH)  # once per program
         for t in range(pid, n_tiles, tl.num_programs(0)):
             _norm_tile(
                 t,
                 part,
+                cols,
+                w,
                 x_ptr,
                 r_ptr,
-                w_ptr,
                 ro_ptr,
                 y_ptr,
                 q_ptr,
@@ -634,12 +645,14 @@ def _norm_kernel(
             for p in range(pid, tl.cdiv(scale_rows - M, PAD_ROWS), tl.num_programs(0)):
                 _zero_pad_scales(sc_ptr, p, M, scale_rows, scale_cols_padded, PAD_ROWS, PAD_WORDS)
     elif not PAD_FILL or pid < n_tiles:  # the constexpr True without PAD_FILL: no branch
+        cols, w = _load_weight(w_ptr, K, weight_offset, NCH, CH)
         _norm_tile(
             pid,
             part,
+            cols,
+            w,
             x_ptr,
             r_ptr,
-            w_ptr,
             ro_ptr,
             y_ptr,
             q_ptr,
@@ -784,7 +797,8 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _sm_count(dev: torch.device) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
+    """Multiprocessors of a GPU (1 on a meta device: a described launch's grid is nominal there)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def norm_launch(
