@@ -37,6 +37,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 from kernel_variants import VARIANTS, variant, variant_of
 
 from mxfuse.cli.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
@@ -104,6 +106,41 @@ def liger_norms():
         return rms_norm_forward(x, w, EPS, 1.0, "gemma", False)[0]
 
     return add_norm, norm
+
+
+# ------------------------------------------------------------------ latency floors (decode sizes)
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    """Nothing: the launch floor of one kernel in the graph."""
+
+
+@triton.jit
+def _row_copy_kernel(x_ptr, y_ptr, K, BLOCK: tl.constexpr, REDUCE: tl.constexpr):
+    """One program per row: load the row, store it (one round trip to memory); REDUCE: store
+    the row times the reciprocal of its sum of squares (the round trip plus a block reduction)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+    if REDUCE:
+        v = v / tl.sum(v * v, axis=0)
+    tl.store(y_ptr + row * K + cols, v.to(y_ptr.dtype.element_ty), mask=cols < K)
+
+
+def latency_floors(t, k):
+    """Time the floors at this (K, M) with `t(name, fn)`: an empty kernel, a row copy, a row copy
+    with a block reduction (8 warps, the row in one program): what no norm at this size beats."""
+    block = triton.next_power_of_2(k)
+
+    def copy(x, reduce):
+        y = torch.empty_like(x)
+        _row_copy_kernel[(x.shape[0],)](x, y, k, BLOCK=block, REDUCE=reduce, num_warps=8)
+        return y
+
+    t("floor_empty", lambda x, r: _empty_kernel[(1,)](x))
+    t("floor_copy", lambda x, r: copy(x, False))
+    t("floor_reduce", lambda x, r: copy(x, True))
 
 
 # ------------------------------------------------------------------ FlashInfer (benchmark-only)
@@ -288,6 +325,8 @@ def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print):
         fi_add, fi_norm = flashinfer
         t("flashinfer_add", lambda x, r: fi_add(x, r, w))
         t("flashinfer_plain", lambda x, r: fi_norm(x, w))
+    if m <= 256:
+        latency_floors(t, k)
     # the standard RMSNorm (weight offset 0, the normalized value rounded first: Llama's order)
     w_std = w.float() + 1.0
     t("std/fused_add", lambda x, r: tnq.fused_norm_quant(x, r, w_std.to(DT), EPS, weight_offset=0.0,
@@ -447,6 +486,20 @@ def as_current_default(data):
     return out
 
 
+def floor_table(results):
+    """Decode-size floors (same run): an empty kernel, one row copy, a row copy with a reduction,
+    next to our norm alone, our fused op and Liger alone (µs per call)."""
+    out = ["\n### latency floors at decode sizes (µs per call)\n"]
+    keys = ("floor_empty", "floor_copy", "floor_reduce", "norm_add", "default/fused_add", "liger_add",
+            "norm_plain", "default/fused_plain", "liger_plain")  # fmt: skip
+    out.append("| K | M | " + " | ".join(keys) + " |")
+    out.append("|---|---|" + "---|" * len(keys))
+    for r in results:
+        if "floor_empty" in r:
+            out.append(f"| {r['K']} | {r['M']} | " + " | ".join(f"{_g(r, key):.2f}" for key in keys) + " |")
+    return "\n".join(out)
+
+
 def render(data, vname):
     variants = data["variants"]
     return (
@@ -455,6 +508,8 @@ def render(data, vname):
         + tables(data["results"], data["copy_tbs"], vname)
         + "\n"
         + variant_table(data["results"], variants)
+        + "\n"
+        + floor_table(data["results"])
     )
 
 
@@ -504,8 +559,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU")
         return 1
-    import triton
-
     head = (
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
         f"liger-kernel {'yes' if liger_norms() else 'NOT INSTALLED'}  "

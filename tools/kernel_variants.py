@@ -30,13 +30,18 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "native-evict": NormConfig(evict_first=True),
         "native-persist": NormConfig(persistent=3),
         "native-persist4": NormConfig(persistent=4),
+        "persist-pipe2": NormConfig(persistent=3, loop_stages=2, load_fence=False),
+        "persist-pipe3": NormConfig(persistent=3, loop_stages=3, load_fence=False),
         "native-padnorm": NormConfig(scale_padding="norm"),
         "native-bf16x2": NormConfig(quant_ops="hw-bf16x2"),
         "native-split-padnorm": NormConfig(split=2, scale_padding="norm"),
         "split-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2"),
         "evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2"),
+        "split-2xwarps": NormConfig(split=2, quant_ops="hw-bf16x2"),
     }
 )
+WARPS_FACTOR = {"split-2xwarps": 2}
+"""Variants with another row layout than their K's default (so other bits: a decode-size probe only)."""
 
 
 def variant(name: str, k: int) -> NormConfig:
@@ -49,7 +54,7 @@ def variant(name: str, k: int) -> NormConfig:
     entry = VARIANTS[name]
     cfg = entry.replace(
         block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
-        num_warps=base.num_warps,
+        num_warps=base.num_warps * WARPS_FACTOR.get(name, 1),
         split=row_chunks(k)[1] if entry.split > 1 else 1,
     )
     if cfg.persistent:

@@ -580,13 +580,16 @@ def _norm_kernel(
     PAD_FILL: tl.constexpr,
     PAD_ROWS: tl.constexpr,
     PAD_WORDS: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
     ISA: tl.constexpr,
 ):
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
     A row is NCH (1..4) chunks of CH columns (a power of two), held in registers. One
     tile of BM rows per program, or (PERSISTENT) tiles pid, pid + grid, ... of the `n_tiles`,
-    the weight loaded and converted once per program.
+    the weight loaded and converted once per program; LOOP_STAGES > 1 lets Triton's pipeliner
+    fetch the rows of the next LOOP_STAGES - 1 tiles (cp.async into shared memory) while one
+    is computed.
 
     `scale_rows`: rows of the scale buffer (pad128(M) when SWIZZLED, else M). PAD_FILL
     (swizzled scales only): the `n_tiles` tiles cover the M real rows, and the programs
@@ -599,7 +602,7 @@ def _norm_kernel(
     stored_scale_rows = M if PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
     if PERSISTENT:
         cols, w = _load_weight(w_ptr, K, weight_offset, NCH, CH)  # once per program
-        for t in range(pid, n_tiles, tl.num_programs(0)):
+        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
             _norm_tile(
                 t,
                 part,
@@ -881,6 +884,7 @@ def norm_launch(
         PAD_FILL=pad_fill,
         PAD_ROWS=PAD_ROWS,
         PAD_WORDS=triton.next_power_of_2(max(1, s_padded // SWIZZLE_COLUMN_TILE)),
+        LOOP_STAGES=cfg.loop_stages,
         ISA=isa,
     )
     return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
