@@ -94,7 +94,7 @@ def _norm_case(name, isa, k, m, *, residual=True, quant=True, **kw) -> Case:
 
     x, r, w = _meta(m, k), _meta(m, k), _meta(k)
     _, launch = tnq.norm_launch(x, r if residual else None, w, 1e-6, quant=quant, isa=isa, **kw)
-    cfg = kw.get("config") or norm_config(k, m, plain_quant=quant and not residual)
+    cfg = kw.get("config") or norm_config(k, m, plain_quant=quant and not residual, isa=isa)
     return Case(name, launch, cfg.block_rows * padded_row(k))
 
 

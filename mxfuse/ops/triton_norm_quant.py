@@ -848,7 +848,7 @@ def norm_launch(
     if scale_rows == 0:
         return outputs, None
     ch, nch = row_chunks(k)
-    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res))
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa)
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)
