@@ -9,7 +9,7 @@ the unfused norm must use the same two, and they must not change with M: batch
 invariance); every other field only moves work between threads, programs or
 instructions, so every value gives the same bits (tests/test_gpu_kernels.py). The
 defaults below depend on K for the arithmetic and the row layout, and on M only for
-those bit-neutral choices (the H200 sweeps behind them: docs/perf_notes.md, runs 5-6).
+those bit-neutral choices (the H200 sweeps behind them: docs/perf_notes.md, runs 5, 6 and 8).
 """
 
 from __future__ import annotations

@@ -76,7 +76,11 @@ docs/perf_notes.md):
   loads and their use, and the weight loads then waited for x's round trip.
 - decode sizes (M <= 16): `split` = one program per chunk; each reads and reduces the
   whole row (the same code, so the same bits) and finishes one chunk, so a row's quant
-  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads.
+  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads. Up to 256 rows (1024
+  with a residual) y is rounded to bf16 two values per convert before the quant.
+- the fused plain norm from 4096 rows (NVIDIA, K 2049..3072 and 4097..6144): a persistent
+  grid of 3 programs of 8 warps per SM, the weight loaded once per program, Triton's
+  software pipeliner fetching the next tiles' rows (cp.async) while one is computed.
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
