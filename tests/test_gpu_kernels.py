@@ -522,7 +522,7 @@ def _variant_outputs(tnq, cfg, x, r, w, swizzled):
 def test_variants_bitwise(k, has_res, swizzled):
     """Every benchmarked variant: fused == its unfused norm + quant, bitwise; a row gives
     the same bits alone and inside a batch; variants with the same arithmetic (`tree`,
-    `rsqrt`) give the same bits whatever else differs (quant_ops "hw" vs "explicit", the
+    `rsqrt`) and row layout (warps) give the same bits whatever else differs (quant_ops "hw" vs "explicit", the
     in-place vs tl.store scale store, evict_first, the persistent grid, a row split over
     programs, two rows per tile); y is within the CPU-reference bound."""
     if not HAS_CUDA:
@@ -544,7 +544,7 @@ def test_variants_bitwise(k, has_res, swizzled):
                 # without y (the bf16x2 variant rounds y in registers only then)
                 no_y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, config=cfg)
                 compare_all(no_y[:3], want[:3], f"{name} K={k} M={m} fused (no y) vs unfused")
-                first = by_arith.setdefault((cfg.tree, cfg.rsqrt), (name, got))
+                first = by_arith.setdefault((cfg.tree, cfg.rsqrt, cfg.num_warps), (name, got))
                 compare_all(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
                 if m == 37:  # y vs the CPU reference: the bound of test_norm_matches_cpu_reference
                     want_y = (reference.gemma_fused_add_rmsnorm(x.cpu(), r.cpu(), w.cpu(), EPS)[0] if r is not None
@@ -581,7 +581,8 @@ def test_config_values_are_checked():
     for name in kv.VARIANTS:  # every variant keeps the default row layout of its K
         for k in (160, 3072, 6144):
             cfg = kv.variant(name, k)
-            assert cfg.num_warps == kv.norm_config(k).num_warps and kv.variant_of(cfg, k) is not None, (name, k)
+            warps = kv.norm_config(k).num_warps * kv.WARPS_FACTOR.get(name, 1)
+            assert cfg.num_warps == warps and kv.variant_of(cfg, k) is not None, (name, k)
 
 
 # ------------------------------------------------------------------ swizzled padding

@@ -47,7 +47,7 @@ def test_the_suites_install_path_uses_the_default_index_only():
 def test_no_issue_numbers_users_cannot_see():
     """The README and docs/ speak to users, who do not see the project's issue tracker."""
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        found = re.findall(r"issue #?\d+|the issue's|\bissue \(", path.read_text(), flags=re.I)
+        found = re.findall(r"issue[ -]?#?\d+|the issue's|\bissue \(", path.read_text(), flags=re.I)
         assert not found, (path.name, found)
 
 

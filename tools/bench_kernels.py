@@ -14,8 +14,12 @@ median of 7 replays), all in ONE run:
   (reference.gemma_fused_add_rmsnorm / gemma_rmsnorm + reference.quantize_rows);
 - a large device-to-device copy (the bandwidth ceiling).
 
-Liger-Kernel is a benchmark-only dependency (the `bench` extra); without it its columns
-are NaN. Effective TB/s = bytes that must move (x [+ residual in, residual out] + codes +
+- baselines too: FlashInfer's Gemma norms alone (`flashinfer/norm.cuh`, built with torch's
+  `load_inline` from the `flashinfer-python` wheel's headers; NaN where they cannot be built),
+  and for the standard RMSNorm (offset 0, `round_normalized`) Liger's Llama-mode norms alone.
+
+Liger-Kernel and flashinfer-python are benchmark-only dependencies (the `bench` extra);
+without them their columns are NaN. Effective TB/s = bytes that must move (x [+ residual in, residual out] + codes +
 scales; bf16) / time. Prints markdown tables; `--out DIR` writes kernels_bench.md, .json,
 .png. `--tables JSON` re-renders the tables of a saved run (any machine).
 
@@ -33,6 +37,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 from kernel_variants import VARIANTS, variant, variant_of
 
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
@@ -102,6 +108,154 @@ def liger_norms():
     return add_norm, norm
 
 
+# ------------------------------------------------------------------ latency floors (decode sizes)
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    """Nothing: the launch floor of one kernel in the graph."""
+
+
+@triton.jit
+def _row_copy_kernel(x_ptr, y_ptr, K, BLOCK: tl.constexpr, REDUCE: tl.constexpr):
+    """One program per row: load the row, store it (one round trip to memory); REDUCE: store
+    the row times the reciprocal of its sum of squares (the round trip plus a block reduction)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+    if REDUCE:
+        v = v / tl.sum(v * v, axis=0)
+    tl.store(y_ptr + row * K + cols, v.to(y_ptr.dtype.element_ty), mask=cols < K)
+
+
+def latency_floors(t, k):
+    """Time the floors at this (K, M) with `t(name, fn)`: an empty kernel, a row copy, a row copy
+    with a block reduction (8 warps, the row in one program): what no norm at this size beats."""
+    block = triton.next_power_of_2(k)
+
+    def copy(x, reduce):
+        y = torch.empty_like(x)
+        _row_copy_kernel[(x.shape[0],)](x, y, k, BLOCK=block, REDUCE=reduce, num_warps=8)
+        return y
+
+    t("floor_empty", lambda x, r: _empty_kernel[(1,)](x))
+    t("floor_copy", lambda x, r: copy(x, False))
+    t("floor_reduce", lambda x, r: copy(x, True))
+
+
+# ------------------------------------------------------------------ FlashInfer (benchmark-only)
+
+FLASHINFER_SOURCE = r"""
+#include <flashinfer/norm.cuh>
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+using bf16 = __nv_bfloat16;
+
+void gemma_rmsnorm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
+  auto err = flashinfer::norm::GemmaRMSNorm<bf16>(
+      (bf16*)x.data_ptr(), (bf16*)w.data_ptr(), (bf16*)out.data_ptr(), x.size(0), x.size(1), x.stride(0),
+      out.stride(0), eps, false, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+}
+
+void gemma_fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  auto err = flashinfer::norm::GemmaFusedAddRMSNorm<bf16>(
+      (bf16*)x.data_ptr(), (bf16*)r.data_ptr(), (bf16*)w.data_ptr(), x.size(0), x.size(1), x.stride(0),
+      r.stride(0), eps, false, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+}
+"""
+FLASHINFER_DEFINES_UNDONE = (
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+)
+
+
+def flashinfer_include(explicit: str | None) -> str | None:
+    """The FlashInfer headers: `explicit`, else those of the installed `flashinfer-python` wheel."""
+    if explicit:
+        return explicit
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(flashinfer.__file__), "data", "include")
+    return path if os.path.isdir(path) else None
+
+
+def _cublas_includes() -> list[str]:
+    """Folders holding `cublasLt.h` in the NVIDIA wheels beside torch (FlashInfer's trtllm headers
+    include it; a CUDA toolkit without cuBLAS headers lacks it)."""
+    import glob
+
+    import torch as t
+
+    site = os.path.dirname(os.path.dirname(t.__file__))
+    return sorted({os.path.dirname(p) for p in glob.glob(os.path.join(site, "nvidia", "*", "include", "cublasLt.h"))})
+
+
+def flashinfer_norms(include: str | None, log=print):
+    """`(add_norm(x, r, w), norm(x, w))` of FlashInfer's Gemma norms (`flashinfer/norm.cuh`, bf16,
+    in place as vLLM calls them; norm writes a new y) built with torch's `load_inline`, or None
+    where they cannot be built (no headers, no compiler): their columns are then NaN."""
+    if include is None:
+        log("flashinfer: no headers (pass --flashinfer-include or install flashinfer-python): columns NaN")
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        major, minor = torch.cuda.get_device_capability()
+        mod = load_inline(
+            "mxfuse_bench_flashinfer_norm",
+            cpp_sources="void gemma_rmsnorm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps);\n"
+            "void gemma_fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);",
+            cuda_sources=FLASHINFER_SOURCE,
+            functions=["gemma_rmsnorm", "gemma_fused_add_rmsnorm"],
+            extra_include_paths=[include, *_cublas_includes()],
+            extra_cuda_cflags=[
+                "-O3",
+                f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",
+                *FLASHINFER_DEFINES_UNDONE,
+            ],
+            verbose=False,
+        )
+    except Exception as e:  # a baseline that cannot be built is reported, never fatal
+        log(f"flashinfer: build failed ({type(e).__name__}: {str(e)[-400:]}): columns NaN")
+        return None
+
+    def add_norm(x, r, w):
+        mod.gemma_fused_add_rmsnorm(x, r, w, EPS)
+        return x, r
+
+    def norm(x, w):
+        out = torch.empty_like(x)
+        mod.gemma_rmsnorm(out, x, w, EPS)
+        return out
+
+    return add_norm, norm
+
+
+def liger_llama_norms():
+    """`(add_norm, norm)` of Liger's Llama-mode norms (offset 0.0: `w * (x.f32 * rstd).to(dtype)`,
+    the standard RMSNorm of Hugging Face's LlamaRMSNorm), or None without liger-kernel."""
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+        from liger_kernel.ops.rms_norm import rms_norm_forward
+    except ImportError:
+        return None
+
+    def add_norm(x, r, w):
+        return fused_add_rms_norm_forward(x, r, w, EPS, 0.0, "llama")[:2]
+
+    def norm(x, w):
+        return rms_norm_forward(x, w, EPS, 0.0, "llama", False)[0]
+
+    return add_norm, norm
+
+
 # ------------------------------------------------------------------ one (K, M) point
 
 
@@ -118,10 +272,11 @@ def make_sets(m, k, seed=0):
     ]
 
 
-def bench_point(k, m, variants, compiled=None, log=print):
+def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print):
     """Times of every variant and baseline at one (K, M): {"K", "M", "sets", name: µs}.
 
-    `compiled`: {"add": fn, "plain": fn} of `torch.compile`d references (None: skipped).
+    `compiled`: {"add": fn, "plain": fn} of `torch.compile`d references (None: skipped);
+    `flashinfer`: `flashinfer_norms()` (None: its columns are NaN).
     """
     from mxfuse.ops import triton_norm_quant as tnq
 
@@ -166,6 +321,23 @@ def bench_point(k, m, variants, compiled=None, log=print):
         t("liger_plain", lambda x, r: norm(x, w))
         t("liger_add+quant", lambda x, r: tnq.quantize(add_norm(x, r, w)[0], False))
         t("liger_plain+quant", lambda x, r: tnq.quantize(norm(x, w), False))
+    if flashinfer is not None:
+        fi_add, fi_norm = flashinfer
+        t("flashinfer_add", lambda x, r: fi_add(x, r, w))
+        t("flashinfer_plain", lambda x, r: fi_norm(x, w))
+    if m <= 256:
+        latency_floors(t, k)
+    # the standard RMSNorm (weight offset 0, the normalized value rounded first: Llama's order)
+    w_std = w.float() + 1.0
+    t("std/fused_add", lambda x, r: tnq.fused_norm_quant(x, r, w_std.to(DT), EPS, weight_offset=0.0,
+                                                         round_normalized=True))  # fmt: skip
+    t("std/fused_plain", lambda x, r: tnq.fused_norm_quant(x, None, w_std.to(DT), EPS, weight_offset=0.0,
+                                                           round_normalized=True))  # fmt: skip
+    llama = liger_llama_norms()
+    if llama is not None:
+        l_add, l_norm = llama
+        t("liger_llama_add", lambda x, r: l_add(x, r, w_std.to(DT)))
+        t("liger_llama_plain", lambda x, r: l_norm(x, w_std.to(DT)))
     if compiled:
         csets = [(_mark(x, m), _mark(r, m)) for x, r in sets]
         t("compiled_add", lambda x, r: compiled["add"](x, r, w), csets)
@@ -183,7 +355,8 @@ def _g(r, key):
 
 
 def tables(results, copy_tbs, vname):
-    """The README table for variant `vname`: fused vs Liger alone, unfused, compiled, copy."""
+    """The README table for variant `vname`: fused vs Liger and FlashInfer alone, unfused, compiled,
+    copy; then the standard norm (offset 0, round_normalized) vs Liger's Llama mode alone."""
     out = []
     for kind, title, liger_title in (
         ("add", "fused add-norm + MXFP8 quant", "Liger fused_add_rms_norm (Gemma) alone"),
@@ -191,26 +364,40 @@ def tables(results, copy_tbs, vname):
     ):
         out.append(
             f"\n### {title}, variant `{vname}` (bf16 in; µs per call; TB/s = bytes that must move / time; "
-            f"copy = {copy_tbs:.2f} TB/s; Liger = {liger_title})\n"
+            f"copy = {copy_tbs:.2f} TB/s; Liger = {liger_title}; FlashInfer = its Gemma norm alone)\n"
         )
         out.append(
-            "| K | M | fused µs | TB/s | % of copy | Liger alone µs | Liger / fused | Liger + quant µs "
-            "| (Liger+quant) / fused | unfused µs | unfused / fused | compiled µs | compiled / fused "
-            "| fused swz µs | swz TB/s | Liger / swz |"
+            "| K | M | fused µs | TB/s | % of copy | Liger alone µs | Liger / fused | FlashInfer alone µs "
+            "| FlashInfer / fused | Liger + quant µs | (Liger+quant) / fused | unfused µs | unfused / fused "
+            "| compiled µs | compiled / fused | fused swz µs | swz TB/s | Liger / swz |"
         )
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
             k, m = r["K"], r["M"]
             f, fs = _g(r, f"{vname}/fused_{kind}"), _g(r, f"{vname}/fused_{kind}_swz")
             u, c = _g(r, f"{vname}/unfused_{kind}"), _g(r, f"compiled_{kind}")
-            lg, lq = _g(r, f"liger_{kind}"), _g(r, f"liger_{kind}+quant")
+            lg, lq, fi = _g(r, f"liger_{kind}"), _g(r, f"liger_{kind}+quant"), _g(r, f"flashinfer_{kind}")
             tb = tbs(needed_bytes(m, k, kind == "add", False), f)
             tbz = tbs(needed_bytes(m, k, kind == "add", True), fs)
             out.append(
                 f"| {k} | {m} | {f:.2f} | {tb:.2f} | {100 * tb / copy_tbs:.0f}% | {lg:.2f} | {lg / f:.2f}x "
-                f"| {lq:.2f} | {lq / f:.2f}x | {u:.2f} | {u / f:.2f}x | {c:.2f} | {c / f:.2f}x "
-                f"| {fs:.2f} | {tbz:.2f} | {lg / fs:.2f}x |"
+                f"| {fi:.2f} | {fi / f:.2f}x | {lq:.2f} | {lq / f:.2f}x | {u:.2f} | {u / f:.2f}x | {c:.2f} "
+                f"| {c / f:.2f}x | {fs:.2f} | {tbz:.2f} | {lg / fs:.2f}x |"
             )
+    out.append(
+        "\n### standard RMSNorm (weight offset 0, normalized value rounded first) + MXFP8 quant, row-major; "
+        "Liger = its Llama mode alone (µs per call)\n"
+    )
+    out.append(
+        "| K | M | fused add µs | Liger add µs | Liger / fused | fused plain µs | Liger plain µs | Liger / fused |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        fa, la, fp, lp = (_g(r, key) for key in ("std/fused_add", "liger_llama_add", "std/fused_plain",
+                                                 "liger_llama_plain"))  # fmt: skip
+        out.append(
+            f"| {r['K']} | {r['M']} | {fa:.2f} | {la:.2f} | {la / fa:.2f}x | {fp:.2f} | {lp:.2f} | {lp / fp:.2f}x |"
+        )
     return "\n".join(out)
 
 
@@ -219,11 +406,15 @@ def variant_table(results, variants):
     cols = [(v, kind, swz) for kind in KINDS for swz in ("", "_swz") for v in variants]
     out = ["\n### variants: fused kernels, µs per call (Liger's and the project's norms alone for reference)\n"]
     head = " | ".join(f"{v} {kind}{swz}" for v, kind, swz in cols)
-    out.append(f"| K | M | Liger add | Liger plain | our norm alone add | our norm alone plain | {head} |")
-    out.append("|---|---|---|---|---|---|" + "---|" * len(cols))
+    base_keys = ("liger_add", "liger_plain", "flashinfer_add", "flashinfer_plain", "norm_add", "norm_plain")
+    out.append(
+        "| K | M | Liger add | Liger plain | FlashInfer add | FlashInfer plain | our norm alone add "
+        f"| our norm alone plain | {head} |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|" + "---|" * len(cols))
     for r in results:
         cells = " | ".join(f"{_g(r, f'{v}/fused_{kind}{swz}'):.2f}" for v, kind, swz in cols)
-        base = " | ".join(f"{_g(r, key):.2f}" for key in ("liger_add", "liger_plain", "norm_add", "norm_plain"))
+        base = " | ".join(f"{_g(r, key):.2f}" for key in base_keys)
         out.append(f"| {r['K']} | {r['M']} | {base} | {cells} |")
     return "\n".join(out)
 
@@ -295,6 +486,20 @@ def as_current_default(data):
     return out
 
 
+def floor_table(results):
+    """Decode-size floors (same run): an empty kernel, one row copy, a row copy with a reduction,
+    next to our norm alone, our fused op and Liger alone (µs per call)."""
+    out = ["\n### latency floors at decode sizes (µs per call)\n"]
+    keys = ("floor_empty", "floor_copy", "floor_reduce", "norm_add", "default/fused_add", "liger_add",
+            "norm_plain", "default/fused_plain", "liger_plain")  # fmt: skip
+    out.append("| K | M | " + " | ".join(keys) + " |")
+    out.append("|---|---|" + "---|" * len(keys))
+    for r in results:
+        if "floor_empty" in r:
+            out.append(f"| {r['K']} | {r['M']} | " + " | ".join(f"{_g(r, key):.2f}" for key in keys) + " |")
+    return "\n".join(out)
+
+
 def render(data, vname):
     variants = data["variants"]
     return (
@@ -303,6 +508,8 @@ def render(data, vname):
         + tables(data["results"], data["copy_tbs"], vname)
         + "\n"
         + variant_table(data["results"], variants)
+        + "\n"
+        + floor_table(data["results"])
     )
 
 
@@ -331,6 +538,7 @@ def main(argv=None):
     ap.add_argument(
         "--current-default", action="store_true", help="with --tables: `default` = the variant today's dispatch picks"
     )
+    ap.add_argument("--flashinfer-include", default=None, help="FlashInfer's include dir (default: its wheel's)")
     ap.add_argument("--gemm", action="store_true", help="then run tools/bench_gemm.py (GEMM rows)")
     ap.add_argument("--gemm-args", default="", help="extra arguments for bench_gemm.py, one string")
     args = ap.parse_args(argv)
@@ -351,8 +559,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU")
         return 1
-    import triton
-
     head = (
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
         f"liger-kernel {'yes' if liger_norms() else 'NOT INSTALLED'}  "
@@ -361,12 +567,14 @@ def main(argv=None):
     print(head, flush=True)
     copy_tbs = copy_bandwidth_tbs()
     print(f"copy bandwidth: {copy_tbs:.3f} TB/s", flush=True)
-    data = {"head": head, "copy_tbs": copy_tbs, "variants": variants, "results": []}
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
+    flashinfer = flashinfer_norms(flashinfer_include(args.flashinfer_include))
+    head += f"  flashinfer {'yes' if flashinfer else 'NOT BUILT'}"
+    data = {"head": head, "copy_tbs": copy_tbs, "variants": variants, "results": []}
     t0 = time.time()
     for k in [int(v) for v in args.ks.split(",")]:
         for m in [int(v) for v in args.ms.split(",")]:
-            r = bench_point(k, m, variants, compiled)
+            r = bench_point(k, m, variants, compiled, flashinfer)
             print(json.dumps(r), flush=True)
             data["results"].append(r)
         save(args.out, data, vname)  # the finished K survives a timeout

@@ -14,9 +14,6 @@ from types import MappingProxyType
 
 from mxfuse.ops.norm_quant_config import NormConfig, norm_config, row_chunks
 
-PERSISTENT_REGISTERS = 80
-"""Registers a thread of the persistent loop takes (ptxas for sm_90): sizes its programs per SM."""
-
 VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
     {
         "v3-ops": NormConfig(
@@ -31,28 +28,37 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "native-split": NormConfig(split=2),
         "native-2rows": NormConfig(block_rows=2),
         "native-evict": NormConfig(evict_first=True),
-        "native-persist": NormConfig(persistent=1),
+        "native-persist": NormConfig(persistent=3),
+        "native-persist4": NormConfig(persistent=4),
+        "persist-pipe2": NormConfig(persistent=3, loop_stages=2, load_fence=False),
+        "persist-pipe3": NormConfig(persistent=3, loop_stages=3, load_fence=False),
         "native-padnorm": NormConfig(scale_padding="norm"),
         "native-bf16x2": NormConfig(quant_ops="hw-bf16x2"),
         "native-split-padnorm": NormConfig(split=2, scale_padding="norm"),
+        "split-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2"),
+        "evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2"),
+        "split-2xwarps": NormConfig(split=2, quant_ops="hw-bf16x2"),
     }
 )
+WARPS_FACTOR = {"split-2xwarps": 2}
+"""Variants with another row layout than their K's default (so other bits: a decode-size probe only)."""
 
 
 def variant(name: str, k: int) -> NormConfig:
     """`VARIANTS[name]` with the default launch shape for K: its block_rows multiply a
     one-row default tile (K >= 2048; the rows then sit in registers of the same threads,
-    the same per-row layout), split > 1 means one program per chunk, and a persistent
-    variant gets as many programs per SM as fit (3 programs of 8 warps)."""
+    the same per-row layout), split > 1 means one program per chunk, and `persistent` counts
+    programs of 8 warps per SM (the loop, its weight hoisted, takes 64-78 registers a thread
+    from ptxas for sm_90: 3 programs of 8 warps fit at 78, 4 at 64)."""
     base = norm_config(k)
     entry = VARIANTS[name]
     cfg = entry.replace(
         block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
-        num_warps=base.num_warps,
+        num_warps=base.num_warps * WARPS_FACTOR.get(name, 1),
         split=row_chunks(k)[1] if entry.split > 1 else 1,
     )
     if cfg.persistent:
-        cfg = cfg.replace(persistent=max(1, 65536 // (PERSISTENT_REGISTERS * 32 * cfg.num_warps)))
+        cfg = cfg.replace(persistent=max(1, entry.persistent * 8 // cfg.num_warps))
     return cfg
 
 

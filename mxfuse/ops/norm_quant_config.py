@@ -9,7 +9,7 @@ the unfused norm must use the same two, and they must not change with M: batch
 invariance); every other field only moves work between threads, programs or
 instructions, so every value gives the same bits (tests/test_gpu_kernels.py). The
 defaults below depend on K for the arithmetic and the row layout, and on M only for
-those bit-neutral choices (the H200 sweeps behind them: docs/perf_notes.md, runs 5-6).
+those bit-neutral choices (the H200 sweeps behind them: docs/perf_notes.md, runs 5, 6 and 8).
 """
 
 from __future__ import annotations
@@ -32,8 +32,16 @@ SPLIT_MAX_ROWS = 16
 """Up to this many rows a row is split over one program per chunk (decode sizes)."""
 EVICT_FIRST_MAX_ROWS = 1024
 """Up to this many rows the x / residual loads carry evict_first (streamed once)."""
-TWO_ROWS_MIN_ROWS = 4096
-"""Fused plain norm + quant at K 2049..3072: two rows per tile from this many rows (run 6)."""
+PAIRED_BF16_MAX_ROWS = 256
+"""Up to this many rows (and up to EVICT_FIRST_MAX_ROWS with a residual) y is rounded to bf16
+two values per convert before the quant (`quant_ops="hw-bf16x2"`; run 8)."""
+PIPELINED_MIN_ROWS = 4096
+"""Fused plain norm + quant at K 2049..3072 and 4097..6144, NVIDIA: from this many rows a
+persistent grid whose loop fetches the next tiles' rows while one is computed (run 8:
+-9..-12% at K 6144)."""
+PIPELINED_STAGES = 3
+PIPELINED_WARPS_PER_SM = 24
+"""Warps per SM of the pipelined loop (3 programs of 8 warps: 75 registers a thread on sm_90)."""
 PAD_ROWS = 32
 """Padding rows per zero-fill program (swizzled scales, `scale_padding="fill"`)."""
 MIN_CHUNK = 128
@@ -56,6 +64,8 @@ class NormConfig:
     - split: programs per tile; > 1: each reads and reduces the whole rows and finishes
       (normalizes, quantizes, stores) one chunk of them (decode sizes).
     - persistent: 0 = one program per tile; n = at most n programs per SM, looping over tiles.
+    - loop_stages (persistent only): > 1 = the loop fetches the rows of the next tiles while
+      one is computed (Triton's software pipeliner, cp.async into shared memory).
     - tree, rsqrt: the arithmetic (:data:`TREES`, :data:`RSQRTS`).
     - quant_ops: :data:`QUANT_OPS`. "hw": maxNum skips NaN in the block amax and the
       saturating e4m3 convert maps +-Inf to +-448; "explicit": a `where` before the max and
@@ -73,6 +83,7 @@ class NormConfig:
     num_warps: int = 8
     split: int = 1
     persistent: int = 0
+    loop_stages: int = 1
     tree: Literal["native", "pairwise"] = "native"
     rsqrt: Literal["approx", "rn"] = "approx"
     quant_ops: Literal["hw", "explicit", "hw-bf16x2"] = "hw"
@@ -92,6 +103,8 @@ class NormConfig:
             _check(self, field, allowed)
         if self.persistent and self.split > 1:
             raise ValueError(f"NormConfig: a persistent grid does not split rows, got {self}")
+        if self.loop_stages < 1 or (self.loop_stages > 1 and not self.persistent):
+            raise ValueError(f"NormConfig: loop_stages > 1 needs a persistent grid, got {self}")
 
     def replace(self, **changes) -> NormConfig:
         return dataclasses.replace(self, **changes)
@@ -128,17 +141,22 @@ def row_chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False) -> NormConfig:
+def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False, isa: str = "ptx") -> NormConfig:
     """Default config for M rows of K values (M None: the config of the row layout alone);
-    `plain_quant`: the fused plain norm + quant (no residual).
+    `plain_quant`: the fused plain norm + quant (no residual); `isa`: the kernels' ISA
+    (`triton_targets`: "ptx" on NVIDIA; the H200 measurements below choose for it).
 
     The arithmetic and the layout of a row (warps, the values of a row each thread holds:
     ~32 of the padded row, so 8 warps for K = 6144 and 4 for K = 3072) depend on K alone,
     so the reduction tree is fixed per K. M only chooses, without changing a bit: a split
     row at M <= 16 (a row's tail over NCH SMs); evict_first from 17 to 1024 rows (it loses
-    at 4096 and above); two rows per tile for the fused plain norm at K 2049..3072 from 4096
-    rows (the weight converted once for both: -2..-5%; at K 6144 it loses: 8 warps of 98
-    registers halve the resident programs).
+    at 4096 and above); the paired bf16 rounding of y up to 256 rows (1024 with a residual:
+    -0.02..-0.19 µs there, +1..2% on the plain norm at large M); for the fused plain norm at
+    K 2049..8192 from 4096 rows, a persistent grid with a software-pipelined loop (the next
+    tiles' rows in flight while one is computed; the add-norm, with twice the bytes per
+    value, already streams at 97% of the copy and loses with it). Off NVIDIA the loop is not
+    pipelined (its AMDGCN spills: tools/compile_targets.py), and at 4 chunks a row (K 3073..4096,
+    6145..8192) it would take 108 registers a thread: not measured, not picked.
     """
     block_k = padded_row(k)
     bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
@@ -148,9 +166,21 @@ def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False) -> N
     nch = row_chunks(k)[1]
     split = nch if m <= SPLIT_MAX_ROWS else 1
     evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
-    if plain_quant and m >= TWO_ROWS_MIN_ROWS and block_k == 4096 and nch <= 3:  # K 2049..3072
-        bm = 2
-    return NormConfig(block_rows=bm, num_warps=nw, split=split, evict_first=evict_first)
+    paired = m <= PAIRED_BF16_MAX_ROWS or (m <= EVICT_FIRST_MAX_ROWS and not plain_quant)
+    if plain_quant and isa == "ptx" and m >= PIPELINED_MIN_ROWS and block_k in (4096, 8192) and nch == 3:
+        return NormConfig(
+            num_warps=nw,
+            persistent=PIPELINED_WARPS_PER_SM // nw,
+            loop_stages=PIPELINED_STAGES,
+            load_fence=False,  # the weight is loaded once, before the loop
+        )
+    return NormConfig(
+        block_rows=bm,
+        num_warps=nw,
+        split=split,
+        evict_first=evict_first,
+        quant_ops="hw-bf16x2" if paired else "hw",
+    )
 
 
 def quant_config(k: int, m: int) -> QuantConfig:

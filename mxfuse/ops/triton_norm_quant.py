@@ -76,7 +76,11 @@ docs/perf_notes.md):
   loads and their use, and the weight loads then waited for x's round trip.
 - decode sizes (M <= 16): `split` = one program per chunk; each reads and reduces the
   whole row (the same code, so the same bits) and finishes one chunk, so a row's quant
-  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads.
+  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads. Up to 256 rows (1024
+  with a residual) y is rounded to bf16 two values per convert before the quant.
+- the fused plain norm from 4096 rows (NVIDIA, K 2049..3072 and 4097..6144): a persistent
+  grid of 3 programs of 8 warps per SM, the weight loaded once per program, Triton's
+  software pipeliner fetching the next tiles' rows (cp.async) while one is computed.
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
@@ -189,6 +193,18 @@ def _load_chunks(ptr, rows, stride, cols, row_mask, K, NCH: tl.constexpr, EVICT_
         else:
             tiles = tiles + (tl.load(ptrs, mask=mask, other=0.0),)
     return tiles
+
+
+@triton.jit
+def _load_weight(w_ptr, K, weight_offset, NCH: tl.constexpr, CH: tl.constexpr):
+    """(cols, w): the NCH column ranges of a row and the fp32 `w + weight_offset` on each."""
+    cols = ()
+    w = ()
+    for j in tl.static_range(NCH):
+        c = j * CH + tl.arange(0, CH)
+        cols = cols + (c,)
+        w = w + (tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0).to(tl.float32) + weight_offset,)
+    return cols, w
 
 
 @triton.jit
@@ -416,9 +432,10 @@ def _store_scales(
 def _norm_tile(
     tile,
     part,
+    cols,
+    w,
     x_ptr,
     r_ptr,
-    w_ptr,
     ro_ptr,
     y_ptr,
     q_ptr,
@@ -453,7 +470,8 @@ def _norm_tile(
     RULE: tl.constexpr,
     ISA: tl.constexpr,
 ):
-    """BM whole rows: all loads (weight, x, residual) issued before any use, one pass.
+    """BM whole rows of x (+ residual): all loads issued before any use, one pass; `cols`
+    and `w` are the NCH column ranges and the fp32 `w + weight_offset` chunks (:func:`_load_weight`).
 
     SPLIT > 1: this program (`part` of SPLIT) reads and reduces the whole rows like every
     other part (the same code, so the same bits), but stores the residual, normalizes,
@@ -462,12 +480,6 @@ def _norm_tile(
     """
     rows = tile.to(tl.int64) * BM + tl.arange(0, BM)
     row_mask = rows < M
-    cols = ()
-    w = ()
-    for j in tl.static_range(NCH):
-        c = j * CH + tl.arange(0, CH)
-        cols = cols + (c,)
-        w = w + (tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0).to(tl.float32) + weight_offset,)
     if LOAD_FENCE:
         # ptxas otherwise issues the weight loads only after the first use of x (after x's
         # round trip: a second, dependent one, exposed once the reduction is short); the
@@ -572,12 +584,16 @@ def _norm_kernel(
     PAD_FILL: tl.constexpr,
     PAD_ROWS: tl.constexpr,
     PAD_WORDS: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
     ISA: tl.constexpr,
 ):
     """Unfused norm (QUANT=False: writes y) or fused norm+quant (QUANT=True).
 
     A row is NCH (1..4) chunks of CH columns (a power of two), held in registers. One
-    tile of BM rows per program, or (PERSISTENT) tiles pid, pid + grid, ... of the `n_tiles`.
+    tile of BM rows per program, or (PERSISTENT) tiles pid, pid + grid, ... of the `n_tiles`,
+    the weight loaded and converted once per program; LOOP_STAGES > 1 lets Triton's pipeliner
+    fetch the rows of the next LOOP_STAGES - 1 tiles (cp.async into shared memory) while one
+    is computed.
 
     `scale_rows`: rows of the scale buffer (pad128(M) when SWIZZLED, else M). PAD_FILL
     (swizzled scales only): the `n_tiles` tiles cover the M real rows, and the programs
@@ -589,13 +605,15 @@ def _norm_kernel(
     part = tl.program_id(1)
     stored_scale_rows = M if PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
     if PERSISTENT:
-        for t in range(pid, n_tiles, tl.num_programs(0)):
+        cols, w = _load_weight(w_ptr, K, weight_offset, NCH, CH)  # once per program
+        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
             _norm_tile(
                 t,
                 part,
+                cols,
+                w,
                 x_ptr,
                 r_ptr,
-                w_ptr,
                 ro_ptr,
                 y_ptr,
                 q_ptr,
@@ -634,12 +652,14 @@ def _norm_kernel(
             for p in range(pid, tl.cdiv(scale_rows - M, PAD_ROWS), tl.num_programs(0)):
                 _zero_pad_scales(sc_ptr, p, M, scale_rows, scale_cols_padded, PAD_ROWS, PAD_WORDS)
     elif not PAD_FILL or pid < n_tiles:  # the constexpr True without PAD_FILL: no branch
+        cols, w = _load_weight(w_ptr, K, weight_offset, NCH, CH)
         _norm_tile(
             pid,
             part,
+            cols,
+            w,
             x_ptr,
             r_ptr,
-            w_ptr,
             ro_ptr,
             y_ptr,
             q_ptr,
@@ -784,7 +804,8 @@ def _row_stride(t: torch.Tensor, default: int) -> int:
 
 
 def _sm_count(dev: torch.device) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
+    """Multiprocessors of a GPU (1 on a meta device: a described launch's grid is nominal there)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def norm_launch(
@@ -831,7 +852,7 @@ def norm_launch(
     if scale_rows == 0:
         return outputs, None
     ch, nch = row_chunks(k)
-    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res))
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa)
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)
@@ -867,6 +888,7 @@ def norm_launch(
         PAD_FILL=pad_fill,
         PAD_ROWS=PAD_ROWS,
         PAD_WORDS=triton.next_power_of_2(max(1, s_padded // SWIZZLE_COLUMN_TILE)),
+        LOOP_STAGES=cfg.loop_stages,
         ISA=isa,
     )
     return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
