@@ -121,4 +121,6 @@ def test_round_normalized_norm_against_the_cpu_reference(k, residual):
         assert_bitwise(res.cpu()[~nan], res_ref[~nan], "residual_out")
     else:
         y, y_ref = ops.rms_norm(x, w, EPS, True), ops.rms_norm(x.cpu(), w.cpu(), EPS, True)
-    assert_within_one_ulp(y.cpu(), y_ref)
+    # Two roundings: the normalized value is within one ulp (sum order, approximate rsqrt), and
+    # one ulp of it times w (|w| < 2 ulp-binades) is under two ulps of y (docs/design.md, Fidelity).
+    assert_within_one_ulp(y.cpu(), y_ref, ulps=2)
