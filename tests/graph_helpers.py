@@ -7,10 +7,12 @@ re-exported here only for tests that still import them from this module."""
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import torch
 
 import mxfuse
+from mxfuse.ops import reference
 from mxfuse.passes.analysis import op_counts, op_name
 from mxfuse.passes.explain import RecordingPass, copy_graph
 from mxfuse.passes.options import PassOptions
@@ -96,3 +98,36 @@ NORM_ADD = MX + "gemma_fused_add_rmsnorm"
 NORM_PLAIN = MX + "gemma_rmsnorm"
 
 __all__ = ["assert_bitwise", "bits", "mxfuse", "op_counts", "op_name"]
+
+
+@contextlib.contextmanager
+def flashinfer_norm_ops(prefix: str, weight_offset: float):
+    """FlashInfer's in-place norms `{prefix}rmsnorm` / `{prefix}fused_add_rmsnorm` as torch ops, with
+    FlashInfer's schemas (`prefix` "gemma_": the Gemma norms, weight offset 1; "": the standard ones,
+    offset 0). FlashInfer 0.7 registers no torch ops (its register_custom_op is a no-op), so they are
+    defined here, in place, with the reference as the CPU impl; yields `torch.ops.flashinfer`."""
+    ns = torch.ops.flashinfer
+    plain_name, add_name = f"{prefix}rmsnorm", f"{prefix}fused_add_rmsnorm"
+    if hasattr(ns, add_name):
+        yield ns
+        return
+    lib = torch.library.Library("flashinfer", "FRAGMENT")
+    lib.define(f"{plain_name}(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool? enable_pdl) -> ()")
+    lib.define(f"{add_name}(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, bool? enable_pdl) -> ()")
+
+    def plain(out, input, weight, eps, enable_pdl):
+        out.copy_(reference.gemma_rmsnorm(input, weight, eps, weight_offset))
+
+    def fused_add(input, residual, weight, eps, enable_pdl):
+        y, res = reference.gemma_fused_add_rmsnorm(input, residual, weight, eps, weight_offset=weight_offset)
+        input.copy_(y)
+        residual.copy_(res)
+
+    lib.impl(plain_name, plain, "CompositeExplicitAutograd")
+    lib.impl(add_name, fused_add, "CompositeExplicitAutograd")
+    lib._register_fake(plain_name, lambda *a: None)
+    lib._register_fake(add_name, lambda *a: None)
+    try:
+        yield ns
+    finally:
+        lib._destroy()

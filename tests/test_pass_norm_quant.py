@@ -14,10 +14,10 @@ from graph_helpers import (
     assert_bitwise,
     check,
     compile_with_pass,
+    flashinfer_norm_ops,
     inputs,
 )
 
-from mxfuse.ops import reference
 from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
@@ -257,35 +257,9 @@ def check_foreign(fn, args):
 
 @pytest.fixture(scope="module")
 def flashinfer_ops():
-    """FlashInfer's in-place Gemma norms as torch ops, with FlashInfer's schemas.
-
-    FlashInfer 0.7 no longer registers them with torch.library (its register_custom_op
-    is a no-op), so define them here with the exact schemas older releases and vLLM
-    graphs carry; the CPU impl is the Gemma reference, in place."""
-    ns = torch.ops.flashinfer
-    if not hasattr(ns, "gemma_fused_add_rmsnorm"):
-        lib = torch.library.Library("flashinfer", "FRAGMENT")
-        lib.define("gemma_rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool? enable_pdl) -> ()")
-        lib.define(
-            "gemma_fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
-            "bool? enable_pdl) -> ()"
-        )
-
-        def plain(out, input, weight, eps, enable_pdl):
-            out.copy_(reference.gemma_rmsnorm(input, weight, eps))
-
-        def fused_add(input, residual, weight, eps, enable_pdl):
-            y, res = reference.gemma_fused_add_rmsnorm(input, residual, weight, eps)
-            input.copy_(y)
-            residual.copy_(res)
-
-        lib.impl("gemma_rmsnorm", plain, "CompositeExplicitAutograd")
-        lib.impl("gemma_fused_add_rmsnorm", fused_add, "CompositeExplicitAutograd")
-        lib._register_fake("gemma_rmsnorm", lambda *a: None)
-        lib._register_fake("gemma_fused_add_rmsnorm", lambda *a: None)
-        yield ns
-        lib._destroy()
-    else:
+    """FlashInfer's in-place Gemma norms as torch ops, with FlashInfer's schemas (a stub: see
+    `graph_helpers.flashinfer_norm_ops`)."""
+    with flashinfer_norm_ops("gemma_", weight_offset=1.0) as ns:
         yield ns
 
 

@@ -21,11 +21,10 @@ from unittest import mock
 import pytest
 import torch
 from foreign_bound import assert_within_foreign_bound
-from graph_helpers import QUANT, assert_bitwise, compile_with_pass, op_counts
+from graph_helpers import QUANT, assert_bitwise, compile_with_pass, flashinfer_norm_ops, op_counts
 from test_norm_forms import data, run_pass
 
 import mxfuse
-from mxfuse.ops import reference
 from mxfuse.patterns.norms import find_norms
 from mxfuse.patterns.results import SharedCode
 
@@ -240,30 +239,8 @@ def test_vllm_ir_norm_lowered_to_an_external_kernel_is_refused(vllm_ops, provide
 @pytest.fixture(scope="module")
 def flashinfer_std_ops():
     """FlashInfer's in-place standard norms as torch ops (see the module docstring: a stub)."""
-    ns = torch.ops.flashinfer
-    if hasattr(ns, "rmsnorm"):
+    with flashinfer_norm_ops("", weight_offset=0.0) as ns:
         yield ns
-        return
-    lib = torch.library.Library("flashinfer", "FRAGMENT")
-    lib.define("rmsnorm(Tensor(a!) out, Tensor input, Tensor weight, float eps, bool? enable_pdl) -> ()")
-    lib.define(
-        "fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, bool? enable_pdl) -> ()"
-    )
-
-    def plain(out, input, weight, eps, enable_pdl):
-        out.copy_(reference.gemma_rmsnorm(input, weight, eps, 0.0))
-
-    def fused_add(input, residual, weight, eps, enable_pdl):
-        y, res = reference.gemma_fused_add_rmsnorm(input, residual, weight, eps, weight_offset=0.0)
-        input.copy_(y)
-        residual.copy_(res)
-
-    lib.impl("rmsnorm", plain, "CompositeExplicitAutograd")
-    lib.impl("fused_add_rmsnorm", fused_add, "CompositeExplicitAutograd")
-    lib._register_fake("rmsnorm", lambda *a: None)
-    lib._register_fake("fused_add_rmsnorm", lambda *a: None)
-    yield ns
-    lib._destroy()
 
 
 @pytest.mark.parametrize("functionalized_v2", [False, True], ids=["auto_functionalized", "auto_functionalized_v2"])
