@@ -48,15 +48,21 @@ def outputs(x, residual, weight, swizzled, fused):
 @pytest.mark.parametrize("add", [True, False], ids=["fused_add", "plain"])
 @pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
 def test_rows_get_the_same_bits_in_every_batch(k, add, swizzled):
-    probe, probe_res = rows(PROBE_ROWS, k, 1), rows(PROBE_ROWS, k, 2)
     weight = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16)
+    assert_probe_rows_invariant(k, add, lambda x, residual, fused: outputs(x, residual, weight, swizzled, fused=fused))
+
+
+def assert_probe_rows_invariant(k, add, run):
+    """The probe rows, last in batches of every size in BATCHES, get the same bits each time, and
+    `run(x, residual, fused=True)` equals `run(..., fused=False)` bitwise at every size."""
+    probe, probe_res = rows(PROBE_ROWS, k, 1), rows(PROBE_ROWS, k, 2)
     expected = None
     for m in BATCHES:
         x = torch.cat([rows(m - PROBE_ROWS, k, 10 + m), probe]) if m > PROBE_ROWS else probe
         residual = torch.cat([rows(m - PROBE_ROWS, k, 20 + m), probe_res]) if m > PROBE_ROWS else probe_res
         residual = residual if add else None
-        fused = outputs(x, residual, weight, swizzled, fused=True)
-        assert_bitwise(fused, outputs(x, residual, weight, swizzled, fused=False))
+        fused = run(x, residual, fused=True)
+        assert_bitwise(fused, run(x, residual, fused=False))
         probe_out = [t[-PROBE_ROWS:] for t in fused]
         if expected is None:
             expected = probe_out
@@ -81,18 +87,9 @@ def standard_outputs(x, residual, weight, round_normalized, fused):
 @pytest.mark.parametrize("add", [True, False], ids=["fused_add", "plain"])
 @pytest.mark.parametrize("round_normalized", [False, True], ids=["fp32", "round_normalized"])
 def test_standard_norm_rows_get_the_same_bits_in_every_batch(add, round_normalized):
-    """The standard RMSNorm (issue 24): the same reduction tree, so the same invariance."""
+    """The standard RMSNorm: the same reduction tree, so the same invariance."""
     k = 3072
-    probe, probe_res = rows(PROBE_ROWS, k, 1), rows(PROBE_ROWS, k, 2)
     weight = torch.randn(k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    expected = None
-    for m in BATCHES:
-        x = torch.cat([rows(m - PROBE_ROWS, k, 10 + m), probe]) if m > PROBE_ROWS else probe
-        residual = torch.cat([rows(m - PROBE_ROWS, k, 20 + m), probe_res]) if m > PROBE_ROWS else probe_res
-        residual = residual if add else None
-        fused = standard_outputs(x, residual, weight, round_normalized, fused=True)
-        assert_bitwise(fused, standard_outputs(x, residual, weight, round_normalized, fused=False))
-        probe_out = [t[-PROBE_ROWS:] for t in fused]
-        if expected is None:
-            expected = probe_out
-        assert_bitwise(probe_out, expected)
+    assert_probe_rows_invariant(
+        k, add, lambda x, residual, fused: standard_outputs(x, residual, weight, round_normalized, fused=fused)
+    )
