@@ -73,4 +73,3 @@ def test_moved_reads_the_inputs_through_what_earlier_sites_replaced():
 def test_a_producer_refusal_code_carries_its_fix():
     assert SharedCode.ACTIVATION_DTYPE.fix == "run the model in bfloat16 or float16"
     assert SharedCode.NO_QUANT.fix is None and not SharedCode.NO_QUANT.defers
-
