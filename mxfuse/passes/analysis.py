@@ -93,8 +93,10 @@ def op_name(node: fx.Node) -> str | None:
     if isinstance(target, torch._ops.OpOverload):
         return target.name()  # e.g. "mxfuse::mxfp8_quantize"
     if isinstance(target, torch._ops.HigherOrderOperator):
-        inner = node.args[0]
-        return f"{target.name()}({inner.name() if hasattr(inner, 'name') else inner})"
+        inner = node.args[0]  # the op a higher-order op wraps (auto_functionalized's), else whatever it takes first
+        if isinstance(inner, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            return f"{target.name()}({inner.name()})"
+        return f"{target.name()}({inner})"
     return getattr(target, "__name__", str(target))
 
 
