@@ -1,10 +1,11 @@
-"""The norm, quant, fused norm + quant and GEMM ops of `mxfuse::`: their impls and table entries.
+"""The norm, quant and fused norm + quant ops of `mxfuse::`: their impls and table entries.
 
 Each op is one :class:`~mxfuse.ops.registry.OpSpec` in :data:`OPS`; how to add one (one entry
 per op) is in the docstring of :mod:`mxfuse.ops.registry`. The CPU impls are the references
 of :mod:`mxfuse.ops.reference`; the CUDA impls launch the Triton kernels of
-`triton_norm_quant` / `triton_gemm`, imported on the first call. The input checks are
-those of :mod:`mxfuse.ops.inputs`; they and :class:`MxfuseInputError` are re-exported here.
+`triton_norm_quant`, imported on the first call. The input checks are those of
+:mod:`mxfuse.ops.inputs`; they and :class:`MxfuseInputError` are re-exported here. Sibling
+modules of ops: `linear.py` (the GEMM), `packed.py` (the SP all-gather's), `sp_rows.py`.
 
 Optional outputs keep fixed positions (a schema cannot vary its arity): `y` of the
 fused ops is an empty tensor unless `emit_y=True`.
@@ -294,57 +295,6 @@ def _swizzle_cuda(op: str, *, scales: Tensor) -> Tensor:
     return triton_norm_quant.swizzle_scales(scales)
 
 
-# ---------------------------------------------------------------- mxfp8_linear
-
-
-def _check_linear(
-    op: str, codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
-) -> int:
-    if codes.dtype != FP8_DTYPE or weight_codes.dtype != FP8_DTYPE:
-        fail(op, f"codes {describe(codes)} and weight_codes {describe(weight_codes)} must be float8_e4m3fn")
-    k = check_rows(op, codes, (FP8_DTYPE,), "codes")
-    if weight_codes.dim() != 2 or weight_codes.shape[1] != k:
-        fail(op, f"weight_codes {describe(weight_codes)} must be [N, {k}] to match codes {describe(codes)}")
-    if scales.dtype != SCALE_DTYPE or tuple(scales.shape) != (*codes.shape[:-1], scale_columns(k)):
-        fail(op, f"scales {describe(scales)} must be uint8 row-major {(*codes.shape[:-1], scale_columns(k))}")
-    n = weight_codes.shape[0]
-    if weight_scales.dtype != SCALE_DTYPE or tuple(weight_scales.shape) != (n, scale_columns(k)):
-        fail(op, f"weight_scales {describe(weight_scales)} must be uint8 row-major ({n}, {scale_columns(k)})")
-    if out_dtype not in QUANT_INPUT_DTYPES:
-        fail(op, f"out_dtype {out_dtype} must be bfloat16, float16 or float32")
-    check_same_device(op, codes=codes, scales=scales, weight_codes=weight_codes, weight_scales=weight_scales)
-    return k
-
-
-def _linear(
-    op: str, *, codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
-) -> Tensor:
-    k = _check_linear(op, codes, scales, weight_codes, weight_scales, out_dtype)
-    out = reference.mxfp8_linear(
-        codes.reshape(-1, k), scales.reshape(-1, scale_columns(k)), weight_codes, weight_scales, out_dtype
-    )
-    return out.reshape(*codes.shape[:-1], weight_codes.shape[0])
-
-
-def _linear_fake(
-    op: str, *, codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
-) -> Tensor:
-    _check_linear(op, codes, scales, weight_codes, weight_scales, out_dtype)
-    return codes.new_empty((*codes.shape[:-1], weight_codes.shape[0]), dtype=out_dtype)
-
-
-def _linear_cuda(
-    op: str, *, codes: Tensor, scales: Tensor, weight_codes: Tensor, weight_scales: Tensor, out_dtype: torch.dtype
-) -> Tensor:
-    from mxfuse.ops import triton_gemm
-
-    k = _check_linear(op, codes, scales, weight_codes, weight_scales, out_dtype)
-    out = triton_gemm.mxfp8_linear(
-        codes.reshape(-1, k), scales.reshape(-1, scale_columns(k)), weight_codes, weight_scales, out_dtype
-    )
-    return out.reshape(*codes.shape[:-1], weight_codes.shape[0])
-
-
 # -------------------------------------------------------------------- the table
 
 _NORM_ARGS = "Tensor x, Tensor weight, float eps, bool round_normalized=False"
@@ -442,11 +392,5 @@ OPS: tuple[OpSpec, ...] = (
         "mxfp8_swizzle_scales(Tensor scales) -> Tensor",
         Impls(cpu=_swizzle, fake=_swizzle_fake, cuda=_swizzle_cuda),
         "Row-major `[M, K/32]` E8M0 scales -> F8_128x4 `[pad128(M), pad4(K/32)]` (zero padded).",
-    ),
-    OpSpec(
-        "mxfp8_linear(Tensor codes, Tensor scales, Tensor weight_codes, Tensor weight_scales,"
-        " ScalarType out_dtype) -> Tensor",
-        Impls(cpu=_linear, fake=_linear_fake, cuda=_linear_cuda),
-        "`dequant(codes) @ dequant(weight).T` in out_dtype; activation scales row-major.",
     ),
 )
