@@ -19,6 +19,7 @@ fused. One set of impls serves both forms, with the residual add and without.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -56,10 +57,10 @@ __all__ = [
     "reference_norm",
 ]
 
-GEMMA = {"weight_offset": 1.0}
-"""The constant of the Gemma norm ops without a `weight_offset` argument."""
-STANDARD = {"weight_offset": 0.0}
-"""The constant of the standard RMSNorm ops."""
+GEMMA_NORM = MappingProxyType({"weight_offset": 1.0})
+"""The `constants` of the Gemma norm ops without a `weight_offset` argument: `1 + w`."""
+STANDARD_NORM = MappingProxyType({"weight_offset": 0.0})
+"""The `constants` of the standard RMSNorm ops: `w`."""
 
 
 def reference_norm(
@@ -306,14 +307,14 @@ OPS: tuple[OpSpec, ...] = (
         NORM,
         "Gemma RMSNorm: `normalize(x) * (1 + weight)` in fp32, rounded to x's dtype.",
         backward=NORM_BACKWARD,
-        constants=GEMMA,
+        constants=GEMMA_NORM,
     ),
     OpSpec(
         f"gemma_fused_add_rmsnorm({_ADD_NORM_ARGS}) -> (Tensor, Tensor)",
         NORM,
         "`s = x + residual` in fp32; returns `(gemma_norm(s), s.to(dtype))`. Functional.",
         backward=NORM_BACKWARD,
-        constants=GEMMA,
+        constants=GEMMA_NORM,
     ),
     OpSpec(
         f"rms_norm({_NORM_ARGS}) -> Tensor",
@@ -323,14 +324,14 @@ OPS: tuple[OpSpec, ...] = (
         `round_normalized=True`: Hugging Face's `weight * normalize(x).to(dtype)` (and vLLM
         IR's reference with a weight of x's dtype).""",
         backward=NORM_BACKWARD,
-        constants=STANDARD,
+        constants=STANDARD_NORM,
     ),
     OpSpec(
         f"fused_add_rms_norm({_ADD_NORM_ARGS}) -> (Tensor, Tensor)",
         NORM,
         "`s = x + residual` in fp32; returns `(rms_norm(s), s.to(dtype))`. Functional.",
         backward=NORM_BACKWARD,
-        constants=STANDARD,
+        constants=STANDARD_NORM,
     ),
     OpSpec(
         "mxfp8_quantize(Tensor x, bool swizzled=False, SymInt rule=0) -> (Tensor, Tensor)",
@@ -375,7 +376,7 @@ OPS: tuple[OpSpec, ...] = (
         Bitwise equal to `mxfp8_quantize(rms_norm(x, weight, eps, round_normalized), swizzled)`;
         `gemma_rmsnorm_mxfp8` with `weight_offset=0.0`. `round_normalized=True` is Hugging Face's
         `LlamaRMSNorm` and vLLM's native RMSNorm with a model-dtype weight.""",
-        constants=STANDARD,
+        constants=STANDARD_NORM,
     ),
     OpSpec(
         "fused_add_rms_norm_mxfp8(Tensor x, Tensor residual, Tensor weight, float eps, bool swizzled=False,"
@@ -386,7 +387,7 @@ OPS: tuple[OpSpec, ...] = (
 
         Bitwise the quant of `fused_add_rms_norm`'s y and its `residual_out`;
         `gemma_fused_add_rmsnorm_mxfp8` with `weight_offset=0.0`. `round_sum` as there.""",
-        constants=STANDARD,
+        constants=STANDARD_NORM,
     ),
     OpSpec(
         "mxfp8_swizzle_scales(Tensor scales) -> Tensor",

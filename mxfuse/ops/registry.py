@@ -28,9 +28,10 @@ and a new module of ops is one more `*module.OPS` in `mxfuse/ops/__init__.py`.
   order of the schema's arguments.
 - `constants`: arguments the impls take that the schema does not have (the standard RMSNorm
   is the Gemma norm with `weight_offset=0.0`).
-- `backward`: an :class:`~mxfuse.ops.autograd.Backward` (a real derivative), or None: inference only, a backward
-  raises :class:`~mxfuse.ops.errors.MxfuseInputError` naming the op and the fix
-  (:mod:`mxfuse.ops.autograd`).
+- `doc`: what the op computes and its contract; the registered op's `__doc__`.
+- `backward`: an :class:`~mxfuse.ops.autograd.Backward` (a real derivative), or None: inference
+  only, a backward raises :class:`~mxfuse.ops.errors.MxfuseInputError` naming the op and the
+  fix (:mod:`mxfuse.ops.autograd`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class OpSpec:
         return self.schema.split("(", 1)[0]
 
     @property
+    def signature(self) -> str:
+        """The schema without the name: `(arguments) -> returns`."""
+        return self.schema[len(self.name) :]
+
+    @property
     def qualname(self) -> str:
         """`mxfuse::<name>`."""
         return f"{NAMESPACE}::{self.name}"
@@ -99,9 +105,10 @@ def register(specs: Iterable[OpSpec]) -> dict[str, torch.library.CustomOpDef]:
 
 
 def _register(spec: OpSpec) -> torch.library.CustomOpDef:
-    schema = spec.schema[len(spec.name) :]
     arguments = _Arguments(spec)
-    op = torch.library.custom_op(spec.qualname, arguments.calling(spec.impls.cpu), mutates_args=(), schema=schema)
+    cpu = arguments.calling(spec.impls.cpu)
+    op = torch.library.custom_op(spec.qualname, cpu, mutates_args=(), schema=spec.signature)
+    op.__doc__ = inspect.cleandoc(spec.doc)
     op.register_fake(arguments.calling(spec.impls.fake))
     if spec.impls.cuda is not None:
         op.register_kernel("cuda", arguments.calling(spec.impls.cuda))
@@ -116,7 +123,7 @@ class _Arguments:
     """Translates between the dispatcher's positional arguments and the impls' named ones."""
 
     def __init__(self, spec: OpSpec):
-        parsed = torch._C.parse_schema(spec.qualname + spec.schema[len(spec.name) :])
+        parsed = torch._C.parse_schema(spec.qualname + spec.signature)
         if any(a.kwarg_only for a in parsed.arguments):
             raise ValueError(f"{spec.qualname}: keyword-only arguments are not supported by the op table")
         self.op = spec.name
