@@ -1,4 +1,5 @@
-"""The inputs of the `mxfuse::` ops: the shared checks, and the views the impls take of them.
+"""The inputs of the `mxfuse::` ops: the shared checks, and the views the impls take of them
+(their outputs: :mod:`mxfuse.ops.outputs`).
 
 Every check raises :class:`~mxfuse.ops.errors.MxfuseInputError` as `mxfuse::<op>: ...`,
 naming the op it was given (each impl passes its own), the shapes and the dtypes. The
@@ -92,16 +93,6 @@ def as_rows(x: Tensor, k: int) -> Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def empty_y(x: Tensor) -> Tensor:
-    """The `y` output of a fused op called without `emit_y` (a schema cannot vary its arity)."""
-    return x.new_empty(0)
-
-
 def kernel_offset(weight_offset: float) -> float:
     """The weight offset as the kernels add it: 0 as -0.0, the identity (as in the reference)."""
     return weight_offset or -0.0
-
-
-def norm_outputs(first: tuple[Tensor, ...], residual_out: Tensor | None, y: Tensor) -> tuple[Tensor, ...]:
-    """The outputs of a fused norm op: `(*first, y)`, or `(*first, residual_out, y)` when it adds a residual."""
-    return (*first, y) if residual_out is None else (*first, residual_out, y)

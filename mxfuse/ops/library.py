@@ -7,8 +7,8 @@ of :mod:`mxfuse.ops.reference`; the CUDA impls launch the Triton kernels of
 :mod:`mxfuse.ops.inputs`; they and :class:`MxfuseInputError` are re-exported here. Sibling
 modules of ops: `linear.py` (the GEMM), `packed.py` (the SP all-gather's), `sp_rows.py`.
 
-Optional outputs keep fixed positions (a schema cannot vary its arity): `y` of the
-fused ops is an empty tensor unless `emit_y=True`.
+Outputs are shaped by :mod:`mxfuse.ops.outputs`: `y` of the fused ops is an empty tensor
+unless `emit_y=True` (a schema cannot vary its arity).
 
 The norms are two forms of one arithmetic (`reference.gemma_norm_rows`): the Gemma norm
 multiplies by `1 + w`, the standard RMSNorm by `w`. The `gemma_*` ops are the first (the
@@ -36,13 +36,12 @@ from mxfuse.ops.inputs import (
     check_rows,
     check_rule,
     check_same_device,
-    empty_y,
     host_eps,
     kernel_offset,
-    norm_outputs,
     runtime_eps,
 )
-from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE, scale_columns, scale_shape, swizzled_scale_shape
+from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE, scale_shape, swizzled_scale_shape
+from mxfuse.ops.outputs import empty_y, kernel_scales, norm_outputs, reference_scales
 from mxfuse.ops.registry import Impls, OpSpec
 
 __all__ = [
@@ -141,15 +140,10 @@ NORM = Impls(cpu=_norm, fake=_norm_fake, cuda=_norm_cuda)
 # -------------------------------------------------------------- mxfp8_quantize
 
 
-def _scales_layout(scales: Tensor, lead: torch.Size, k: int, swizzled: bool) -> Tensor:
-    """Row-major `[M, K/32]` reference scales in the layout asked for."""
-    return reference.swizzle_scales(scales) if swizzled else scales.reshape(*lead, scale_columns(k))
-
-
 def _quantize(op: str, *, x: Tensor, swizzled: bool, rule: int) -> tuple[Tensor, Tensor]:
     k = check_rows(op, x, QUANT_INPUT_DTYPES)
     codes, scales = reference.quantize_rows(as_rows(x, k), check_rule(op, rule))
-    return codes.reshape(x.shape), _scales_layout(scales, x.shape[:-1], k, swizzled)
+    return codes.reshape(x.shape), reference_scales(scales, x.shape[:-1], k, swizzled)
 
 
 def _quantize_fake(op: str, *, x: Tensor, swizzled: bool, rule: int) -> tuple[Tensor, Tensor]:
@@ -163,7 +157,7 @@ def _quantize_cuda(op: str, *, x: Tensor, swizzled: bool, rule: int) -> tuple[Te
 
     k = check_rows(op, x, QUANT_INPUT_DTYPES)
     codes, scales = triton_norm_quant.quantize(as_rows(x, k), swizzled, rule=check_rule(op, rule))
-    return codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k))
+    return codes.reshape(x.shape), kernel_scales(scales, x.shape[:-1], k, swizzled)
 
 
 # ------------------------------------------------------- the fused norm + quant ops
@@ -200,7 +194,7 @@ def _norm_quant(
     )
     codes, scales = reference.quantize_rows(y, quant_rule)
     return norm_outputs(
-        (codes.reshape(x.shape), _scales_layout(scales, x.shape[:-1], k, swizzled)),
+        (codes.reshape(x.shape), reference_scales(scales, x.shape[:-1], k, swizzled)),
         None if res is None else res.reshape(x.shape),
         y.reshape(x.shape) if emit_y else empty_y(x),
     )
@@ -261,7 +255,7 @@ def _norm_quant_cuda(
         rule=quant_rule,
     )
     return norm_outputs(
-        (codes.reshape(x.shape), scales if swizzled else scales.reshape(*x.shape[:-1], scale_columns(k))),
+        (codes.reshape(x.shape), kernel_scales(scales, x.shape[:-1], k, swizzled)),
         None if residual is None else res.reshape(x.shape),
         y.reshape(x.shape) if emit_y else empty_y(x),
     )

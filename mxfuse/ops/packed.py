@@ -32,9 +32,10 @@ import torch
 from torch import Tensor
 
 from mxfuse.ops import reference
-from mxfuse.ops.inputs import QUANT_INPUT_DTYPES, as_rows, check_norm, check_rows, empty_y, kernel_offset, norm_outputs
+from mxfuse.ops.inputs import QUANT_INPUT_DTYPES, as_rows, check_norm, check_rows, kernel_offset
 from mxfuse.ops.library import reference_norm
 from mxfuse.ops.mx_layout import FP8_DTYPE, SCALE_DTYPE, packed_width
+from mxfuse.ops.outputs import empty_y, norm_outputs
 from mxfuse.ops.registry import Impls, OpSpec
 
 
