@@ -12,14 +12,18 @@ InductorPass), so it is not in `__all__`: `from mxfuse import *` works without v
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from mxfuse import ops  # noqa: F401  (registers torch.ops.mxfuse.*)
 
 if TYPE_CHECKING:
     from mxfuse.passes import MxfusePass, PassOptions
+    from mxfuse.passes.explain import Explanation
 
 __version__ = "0.1.0"
 __all__ = ["MxfusePass", "PassOptions", "explain", "post_grad_pass"]
@@ -27,7 +31,7 @@ __all__ = ["MxfusePass", "PassOptions", "explain", "post_grad_pass"]
 _VLLM_PASS_MODULE = "vllm.compilation.passes.inductor_pass"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in ("MxfusePass", "PassOptions"):
         import mxfuse.passes
 
@@ -82,7 +86,9 @@ def post_grad_pass(
     return MxfusePass(PassOptions.for_pass(**misspelled, **{k: v for k, v in given.items() if v is not _UNSET}))
 
 
-def explain(module, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None):
+def explain(
+    module: Callable[..., Any], *example_inputs: Any, options: PassOptions | None = None, dynamic: bool | None = None
+) -> Explanation:
     """Compile `module` with the passes, run it once, and return why each Gemma norm did or did not fuse.
 
     Returns a :class:`mxfuse.passes.explain.Explanation` (its `verdicts`: node, norm kind,
@@ -93,7 +99,7 @@ def explain(module, *example_inputs, options: PassOptions | None = None, dynamic
     return explain_module(module, *example_inputs, options=options, dynamic=dynamic)
 
 
-def _bind_vllm_pass():
+def _bind_vllm_pass() -> None:
     from mxfuse.passes.vllm import vllm_pass as make
 
     globals()["vllm_pass"] = make()
@@ -107,20 +113,34 @@ class _BindVllmPassOnImport(importlib.abc.MetaPathFinder):
     shot: it removes itself the first time it sees that module.
     """
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _VLLM_PASS_MODULE:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
-            exec_module = spec.loader.exec_module
-
-            def exec_then_bind(module):
-                exec_module(module)
-                _bind_vllm_pass()
-
-            spec.loader.exec_module = exec_then_bind
+            spec.loader = _ThenBindVllmPass(spec.loader)
         return spec
+
+
+class _ThenBindVllmPass(importlib.abc.Loader):
+    """The loader of vLLM's InductorPass module, binding `mxfuse.vllm_pass` once the module has run;
+    everything else (`get_source`, `get_filename`, ...) is the wrapped loader's."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        _bind_vllm_pass()
 
 
 if _VLLM_PASS_MODULE in sys.modules:

@@ -8,14 +8,17 @@ decomposed ATen after tracing: the ``hf`` norm form of :mod:`mxfuse.patterns.nor
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from mxfuse.models import MXFP8Linear
+from mxfuse.layers import MXFP8Linear
 
 HIDDEN = 128
 
 
-def swap_linears(module: torch.nn.Module, linear: type[MXFP8Linear] = MXFP8Linear):
+def swap_linears(module: torch.nn.Module, linear: type[MXFP8Linear] = MXFP8Linear) -> None:
     """Replace every `nn.Linear` below `module` by an MXFP8 linear (`linear`, an `MXFP8Linear`
     class) of its weight, in place."""
     for name, child in module.named_children():
@@ -25,7 +28,7 @@ def swap_linears(module: torch.nn.Module, linear: type[MXFP8Linear] = MXFP8Linea
             swap_linears(child, linear)
 
 
-def tiny_minimax_m3_layer(seed: int = 0):
+def tiny_minimax_m3_layer(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     """`(layer, rotary)`: one bf16 `MiniMaxM3VLDecoderLayer` (hidden 128, 4 heads / 2 kv heads of 32,
     dense MLP 256, norm weights ~N(0, 0.1)) with MXFP8 linears, and its rotary embedding."""
     from transformers.models.minimax_m3_vl import (
@@ -56,7 +59,7 @@ def tiny_minimax_m3_layer(seed: int = 0):
     return layer, rotary
 
 
-def tiny_minimax_m3_example(tokens: int, seed: int = 0):
+def tiny_minimax_m3_example(tokens: int, seed: int = 0) -> tuple[Callable[[torch.Tensor], Any], torch.Tensor]:
     """`(forward, hidden)`: a function of the hidden states `[1, tokens, 128]` running the tiny layer
     (rotary cos/sin computed once, outside the compiled region), and a random input for it."""
     layer, rotary = tiny_minimax_m3_layer(seed)
@@ -66,8 +69,7 @@ def tiny_minimax_m3_example(tokens: int, seed: int = 0):
     with torch.no_grad():
         cos_sin = rotary(hidden, positions)
 
-    def forward(h):
+    def forward(h: torch.Tensor) -> Any:
         return layer(h, position_embeddings=cos_sin, position_ids=positions)
 
-    forward.layer = layer  # keep the module alive as long as the function
     return forward, hidden

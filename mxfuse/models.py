@@ -3,8 +3,9 @@
 This is the model the tests, the ``mxfuse demo`` command and the benchmarks compile.
 Every norm is ``torch.ops.mxfuse.gemma_rmsnorm`` / ``gemma_fused_add_rmsnorm`` and
 every linear quantizes its input with ``torch.ops.mxfuse.mxfp8_quantize`` before
-``torch.ops.mxfuse.mxfp8_linear``, so the compiled graph holds exactly the
-norm -> quant -> GEMM chains that the mxfuse passes rewrite.
+``torch.ops.mxfuse.mxfp8_linear`` (the layers of :mod:`mxfuse.layers`, re-exported here),
+so the compiled graph holds exactly the norm -> quant -> GEMM chains that the mxfuse
+passes rewrite.
 
 Shape of one layer (rows = tokens, one causal sequence, like vLLM's flat batch)::
 
@@ -38,19 +39,45 @@ next MXFP8 quantization often, not always, hides it).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse.*)
-from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE
+from mxfuse.layers import (
+    SWIGLU_ALPHA,
+    SWIGLU_LIMIT,
+    GemmaNorm,
+    MXFP8Linear,
+    random_weight,
+    register_activation,
+    swiglu_oai,
+    swiglu_oai_native,
+)
+from mxfuse.ops.mx_layout import BLOCK
 
-SWIGLU_ALPHA = 1.702
-SWIGLU_LIMIT = 7.0
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "CONFIG_NAMES",
+    "SWIGLU_ALPHA",
+    "SWIGLU_LIMIT",
+    "DecoderLayer",
+    "GemmaNorm",
+    "MXFP8Linear",
+    "Model",
+    "ModelConfig",
+    "causal_gqa_attention",
+    "compile_model",
+    "example_inputs",
+    "local_rows",
+    "register_activation",
+    "swiglu_oai",
+    "swiglu_oai_native",
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +100,7 @@ class ModelConfig:
     kernel), so compiled == eager bitwise on every device. True: plain PyTorch that
     Inductor fuses (bitwise vs. eager guaranteed on CPU only)."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for what, k in (
             ("hidden (qkv_proj / gate_up K)", self.hidden),
             ("n_heads * head_dim (o_proj K)", self.n_heads * self.head_dim),
@@ -106,11 +133,11 @@ class ModelConfig:
             "down_proj": (self.hidden, self.intermediate),
         }
 
-    def replace(self, **changes) -> ModelConfig:
+    def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def tiny(cls, **overrides) -> ModelConfig:
+    def tiny(cls, **overrides: Any) -> ModelConfig:
         """CPU-test size: hidden 256, 2 layers, 4 heads / 2 kv heads of 64, intermediate 512."""
         base = dict(
             vocab=512, hidden=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512, name="tiny"
@@ -118,7 +145,7 @@ class ModelConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def m3_flash_tp4(cls, **overrides) -> ModelConfig:
+    def m3_flash_tp4(cls, **overrides: Any) -> ModelConfig:
         """One TP=4 rank's shard of a MiniMax-M3.1-Flash-sized decoder (GPU benchmarks).
 
         Full model: hidden 6144, 64 query heads and 8 kv heads of 128, dense MLP
@@ -145,7 +172,7 @@ class ModelConfig:
         return cls(**{**base, **overrides})
 
     @classmethod
-    def by_name(cls, name: str, **overrides) -> ModelConfig:
+    def by_name(cls, name: str, **overrides: Any) -> ModelConfig:
         factories = {"tiny": cls.tiny, "m3-flash-tp4": cls.m3_flash_tp4, "m3_flash_tp4": cls.m3_flash_tp4}
         if name not in factories:
             raise ValueError(f"unknown model config {name!r}; known: tiny, m3-flash-tp4")
@@ -155,122 +182,29 @@ class ModelConfig:
 CONFIG_NAMES = ("tiny", "m3-flash-tp4")
 
 
-# --------------------------------------------------------------------- modules
+# ------------------------------------------------------------------ the stack
 
 
-def _randn(gen: torch.Generator, shape, std: float, dtype: torch.dtype, device) -> Tensor:
-    """Deterministic normal weights: drawn on CPU from `gen`, then cast and moved."""
-    return (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(dtype=dtype, device=device)
-
-
-class MXFP8Linear(nn.Module):
-    """`y = x @ W.T` with W and x in MXFP8 (row-major E8M0 scales), output in x's dtype.
-
-    The bf16 random weight is quantized once at construction with
-    ``torch.ops.mxfuse.mxfp8_quantize``; only the codes and scales are kept.
-    """
-
-    def __init__(self, in_features: int, out_features: int, gen: torch.Generator, dtype=torch.bfloat16, device=None):
-        super().__init__()
-        self._quantize_weight(_randn(gen, (out_features, in_features), 1.0 / math.sqrt(in_features), dtype, device))
-
-    @classmethod
-    def from_weight(cls, weight: Tensor) -> MXFP8Linear:
-        """An MXFP8 linear of an existing `[out, in]` weight (e.g. a Hugging Face `nn.Linear`'s)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer._quantize_weight(weight.detach())
-        return layer
-
-    def _quantize_weight(self, weight: Tensor):
-        self.out_features, self.in_features = weight.shape
-        if self.in_features % BLOCK:
-            raise ValueError(f"MXFP8Linear: in_features {self.in_features} is not a multiple of {BLOCK}")
-        codes, scales = torch.ops.mxfuse.mxfp8_quantize(weight)
-        self.register_buffer("weight_codes", codes)
-        self.register_buffer("weight_scales", scales)
-
-    def _apply(self, fn, recurse=True):
-        """`.to(dtype)`, `.half()`, `.float()` cast every floating-point buffer, the fp8 weight codes
-        too; the codes go through `fn` as their uint8 bytes, so a device move applies and a cast does not."""
-        self.weight_codes = self.weight_codes.view(SCALE_DTYPE)
-        try:
-            return super()._apply(fn, recurse)
-        finally:
-            self.weight_codes = self.weight_codes.view(FP8_DTYPE)
-
-    def forward(self, x: Tensor) -> Tensor:
-        codes, scales = torch.ops.mxfuse.mxfp8_quantize(x)
-        return self.forward_quantized(codes, scales, x.dtype)
-
-    def forward_quantized(self, codes: Tensor, scales: Tensor, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
-        """The GEMM on an already-quantized input (row-major scales `[..., K/32]`)."""
-        return torch.ops.mxfuse.mxfp8_linear(codes, scales, self.weight_codes, self.weight_scales, out_dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, mxfp8"
-
-
-class GemmaNorm(nn.Module):
-    """Gemma RMSNorm (`normalize(x) * (1 + w)`); with a residual, the fused add+norm."""
-
-    def __init__(self, hidden: int, eps: float, gen: torch.Generator, dtype=torch.bfloat16, device=None):
-        super().__init__()
-        self.eps = eps
-        self.w = nn.Parameter(_randn(gen, (hidden,), 0.1, dtype, device), requires_grad=False)
-
-    def forward(self, x: Tensor, residual: Tensor | None = None):
-        if residual is None:
-            return torch.ops.mxfuse.gemma_rmsnorm(x, self.w, self.eps)
-        return torch.ops.mxfuse.gemma_fused_add_rmsnorm(x, residual, self.w, self.eps)
-
-
-def swiglu_oai_native(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
-    """gpt-oss / MiniMax-M3 clamped SwiGLU on chunked halves `[gate | up]`, in plain PyTorch.
-
-    `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
-    `out = (up + 1) * gate * sigmoid(alpha * gate)`; computed in fp32 and rounded once
-    to the input dtype, so Inductor's fp32 codegen matches eager bitwise on CPU. On
-    CUDA, Triton's `exp` differs from ATen's in the last bit, so compiled may differ there.
-    """
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return ((up + 1.0) * (gate * torch.sigmoid(gate * alpha))).to(gate_up.dtype)
-
-
-def _swiglu_oai_opaque(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
-    """:func:`swiglu_oai_native` as one opaque node (like vLLM's own activation kernel).
-
-    Not part of the mxfuse op contract; it exists so the reference model's compiled
-    output equals its eager output bitwise on every device.
-    """
-    return swiglu_oai_native(gate_up, alpha, limit)
-
-
-def _swiglu_oai_fake(gate_up: Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> Tensor:
-    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
-
-
-@functools.cache
-def register_activation() -> None:
-    """Register `mxfuse_models::swiglu_oai` once: when the first layer that uses it is built (or on
-    its first eager call), never when this module is imported (the model's op is not mxfuse's)."""
-    op = torch.library.custom_op("mxfuse_models::swiglu_oai", _swiglu_oai_opaque, mutates_args=())
-    op.register_fake(_swiglu_oai_fake)
-
-
-def swiglu_oai(gate_up: Tensor, native: bool = False) -> Tensor:
-    """The model's activation: the opaque op by default, plain PyTorch with `native=True`."""
-    if native:
-        return swiglu_oai_native(gate_up)
-    if not torch.compiler.is_compiling():  # a compiled layer registered it when it was built
-        register_activation()
-    return torch.ops.mxfuse_models.swiglu_oai(gate_up)
+def causal_gqa_attention(config: ModelConfig, qkv: Tensor) -> Tensor:
+    """Causal GQA attention over all rows of `qkv` `[T, q + 2 kv]` -> `[T, q]` (the heads of `config`)."""
+    c = config
+    t = qkv.shape[0]
+    q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+    q = q.view(t, c.n_heads, c.head_dim).transpose(0, 1)
+    k = k.view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)
+    v = v.view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)
+    rep = c.n_heads // c.n_kv_heads
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=0)
+        v = v.repeat_interleave(rep, dim=0)
+    out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True)
+    return out.squeeze(0).transpose(0, 1).reshape(t, c.q_size)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, index: int, gen: torch.Generator, device=None):
+    """One layer of the stack (the shape in the module docstring); on this rank's rows under SP."""
+
+    def __init__(self, config: ModelConfig, index: int, gen: torch.Generator, device: torch.device | str | None = None):
         super().__init__()
         c = config
         self.config, self.index = c, index
@@ -284,19 +218,8 @@ class DecoderLayer(nn.Module):
         register_activation()
 
     def attention(self, qkv: Tensor) -> Tensor:
-        """Causal GQA attention over all rows of `qkv` `[T, q + 2 kv]` -> `[T, q]`."""
-        c = self.config
-        t = qkv.shape[0]
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.view(t, c.n_heads, c.head_dim).transpose(0, 1)
-        k = k.view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)
-        v = v.view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)
-        rep = c.n_heads // c.n_kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=0)
-            v = v.repeat_interleave(rep, dim=0)
-        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True)
-        return out.squeeze(0).transpose(0, 1).reshape(t, c.q_size)
+        """Causal GQA attention over all rows of `qkv` (:func:`causal_gqa_attention`)."""
+        return causal_gqa_attention(self.config, qkv)
 
     def forward(self, h: Tensor, residual: Tensor | None, sp: _SP | None = None) -> tuple[Tensor, Tensor]:
         c = self.config
@@ -316,7 +239,9 @@ class DecoderLayer(nn.Module):
 
 @dataclass(frozen=True)
 class _SP:
-    group: object
+    """Sequence parallelism of the stack: the group, this rank and the world size."""
+
+    group: ProcessGroup
     rank: int
     world: int
 
@@ -347,21 +272,22 @@ class Model(nn.Module):
     output equals the same rows of the non-SP model's output, bit for bit.
     """
 
-    def __init__(self, config: ModelConfig, sp_group=None, device=None):
+    def __init__(
+        self, config: ModelConfig, sp_group: ProcessGroup | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         self.config = config
         gen = torch.Generator(device="cpu").manual_seed(config.seed)
-        embed = _randn(gen, (config.vocab, config.hidden), 1.0, config.dtype, device)
+        embed = random_weight(gen, (config.vocab, config.hidden), 1.0, config.dtype, device)
         self.embed = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(config, i, gen, device) for i in range(config.n_layers))
         self.norm = GemmaNorm(config.hidden, config.eps, gen, config.dtype, device)
         self.sp_group = sp_group
+        self._sp: _SP | None = None
         if sp_group is not None:
             import torch.distributed as dist
 
             self._sp = _SP(sp_group, dist.get_rank(sp_group), dist.get_world_size(sp_group))
-        else:
-            self._sp = None
 
     @property
     def device(self) -> torch.device:
@@ -369,14 +295,16 @@ class Model(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         h = F.embedding(input_ids, self.embed)
-        residual = None
+        residual: Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, self._sp)
         out, _ = self.norm(h, residual)
         return out
 
 
-def example_inputs(config: ModelConfig, n_tokens: int, device=None, seed: int | None = None) -> Tensor:
+def example_inputs(
+    config: ModelConfig, n_tokens: int, device: torch.device | str | None = None, seed: int | None = None
+) -> Tensor:
     """Deterministic token ids `[n_tokens]` (int64) for `config` (seeded by `seed`, default config.seed + 1)."""
     gen = torch.Generator(device="cpu").manual_seed(config.seed + 1 if seed is None else seed)
     return torch.randint(0, config.vocab, (n_tokens,), generator=gen).to(device)
@@ -390,7 +318,9 @@ def local_rows(x: Tensor, rank: int, world: int) -> Tensor:
     return x[rank * t : (rank + 1) * t]
 
 
-def compile_model(model: nn.Module, passes: dict | None = None, *, dynamic: bool | None = None, fullgraph: bool = True):
+def compile_model(
+    model: nn.Module, passes: dict[str, Any] | None = None, *, dynamic: bool | None = None, fullgraph: bool = True
+) -> Any:
     """`torch.compile(model)` with Inductor; with `passes` (a dict of options, possibly empty)
     the mxfuse post-grad pass `mxfuse.post_grad_pass(**passes)` is installed as
     Inductor's `post_grad_custom_post_pass`."""

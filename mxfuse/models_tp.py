@@ -25,15 +25,20 @@ collectives) and :func:`vllm_all_reduce` (`torch.ops.vllm.all_reduce` over vLLM'
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from mxfuse.models import DecoderLayer, GemmaNorm, Model, ModelConfig, MXFP8Linear, swiglu_oai
-from mxfuse.ops.reference import BLOCK
+from mxfuse.layers import GemmaNorm, MXFP8Linear, swiglu_oai
+from mxfuse.models import DecoderLayer, Model, ModelConfig, causal_gqa_attention
+from mxfuse.ops.mx_layout import BLOCK
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
-def c10d_all_reduce(group) -> Callable[[Tensor], Tensor]:
+def c10d_all_reduce(group: ProcessGroup) -> Callable[[Tensor], Tensor]:
     """Sum over `group` with a functional collective (`_c10d_functional.all_reduce` + `wait_tensor`)."""
     from torch.distributed import _functional_collectives as fc
 
@@ -61,15 +66,6 @@ def shard_config(config: ModelConfig, world: int) -> ModelConfig:
     )
 
 
-def _linear(codes: Tensor, scales: Tensor) -> MXFP8Linear:
-    layer = MXFP8Linear.__new__(MXFP8Linear)
-    nn.Module.__init__(layer)
-    layer.out_features, layer.in_features = codes.shape
-    layer.register_buffer("weight_codes", codes.contiguous())
-    layer.register_buffer("weight_scales", scales.contiguous())
-    return layer
-
-
 def column_shard(linear: MXFP8Linear, splits: list[int], rank: int, world: int) -> MXFP8Linear:
     """Output rows of each part in `splits` (e.g. [q, k, v]) cut to this rank's share, parts kept in order."""
     codes, scales = linear.weight_codes.split(splits), linear.weight_scales.split(splits)
@@ -77,7 +73,7 @@ def column_shard(linear: MXFP8Linear, splits: list[int], rank: int, world: int) 
     def pick(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(world)[rank]
 
-    return _linear(torch.cat([pick(c) for c in codes]), torch.cat([pick(s) for s in scales]))
+    return MXFP8Linear.from_quantized(torch.cat([pick(c) for c in codes]), torch.cat([pick(s) for s in scales]))
 
 
 def row_shard(linear: MXFP8Linear, rank: int, world: int) -> MXFP8Linear:
@@ -87,13 +83,15 @@ def row_shard(linear: MXFP8Linear, rank: int, world: int) -> MXFP8Linear:
         raise ValueError(f"row-parallel shard K = {k} is not a multiple of {BLOCK}")
     codes = linear.weight_codes[:, rank * k : (rank + 1) * k]
     scales = linear.weight_scales[:, rank * k // BLOCK : (rank + 1) * k // BLOCK]
-    return _linear(codes, scales)
+    return MXFP8Linear.from_quantized(codes.contiguous(), scales.contiguous())
 
 
 NormLayer = Callable[[GemmaNorm], nn.Module]
 
 
 class TPDecoderLayer(nn.Module):
+    """A :class:`~mxfuse.models.DecoderLayer` cut to this rank's heads and intermediate slice."""
+
     def __init__(
         self, full: DecoderLayer, rank: int, world: int, all_reduce: Callable[[Tensor], Tensor], norm: NormLayer
     ):
@@ -107,7 +105,9 @@ class TPDecoderLayer(nn.Module):
         self.gate_up_proj = column_shard(full.gate_up_proj, [c.intermediate, c.intermediate], rank, world)
         self.down_proj = row_shard(full.down_proj, rank, world)
 
-    attention = DecoderLayer.attention  # causal GQA over all rows, on this rank's heads
+    def attention(self, qkv: Tensor) -> Tensor:
+        """Causal GQA attention over all rows, on this rank's heads."""
+        return causal_gqa_attention(self.config, qkv)
 
     def forward(self, h: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
         if residual is None:
@@ -144,16 +144,20 @@ class TPModel(nn.Module):
         self.config = config
         self.embed = full.embed
         norm = norm or (lambda layer: layer)
-        self.layers = nn.ModuleList(TPDecoderLayer(layer, rank, world, all_reduce, norm) for layer in full.layers)
+        layers = []
+        for layer in full.layers:
+            assert isinstance(layer, DecoderLayer), type(layer)
+            layers.append(TPDecoderLayer(layer, rank, world, all_reduce, norm))
+        self.layers = nn.ModuleList(layers)
         self.norm = norm(full.norm)
-        self.lm_head = None
+        self.lm_head: MXFP8Linear | None = None
         if lm_head:
             gen = torch.Generator(device="cpu").manual_seed(config.seed + 7)
             self.lm_head = MXFP8Linear(config.hidden, config.vocab, gen, config.dtype, full.embed.device)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         h = torch.nn.functional.embedding(input_ids, self.embed)
-        residual = None
+        residual: Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual)
         out, _ = self.norm(h, residual)

@@ -38,7 +38,7 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(bits(a), bits(b))
 
 
-def assert_bitwise(actual, expected, what: str = "tensor"):
+def assert_bitwise(actual: Any, expected: Any, what: str = "tensor") -> None:
     """`bitwise_equal`, for a tensor or (nested) tuples and lists of them; says where the bits differ."""
     if isinstance(expected, (tuple, list)):
         assert isinstance(actual, (tuple, list)) and len(actual) == len(expected), (what, type(actual))
@@ -75,14 +75,16 @@ class RankFailed(RuntimeError):
 class RankEvents:
     """Handed to a rank's body as `events=` when the parent listens: `events.send(...)` reaches `on_event`."""
 
-    def __init__(self, queue, rank: int):
+    def __init__(self, queue: Any, rank: int):
         self._queue, self.rank = queue, rank
 
-    def send(self, *payload):
+    def send(self, *payload: Any) -> None:
         self._queue.put(("event", self.rank, payload))
 
 
-def _rank_main(body, rank: int, world: int, port: int, queue, args: tuple, with_events: bool):
+def _rank_main(
+    body: Callable[..., Any], rank: int, world: int, port: int, queue: Any, args: tuple[Any, ...], with_events: bool
+) -> None:
     try:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -168,6 +170,7 @@ def run_ranks(
             if kind == "error":
                 raise RankFailed(rank, payload)
             if kind == "event":
+                assert on_event is not None  # a body gets `events=` (and sends) only when the parent listens
                 on_event(rank, payload)
             else:
                 results[rank] = payload

@@ -1,50 +1,21 @@
 """MXFP8 and RMSNorm (Gemma and standard) operators (`torch.ops.mxfuse.*`), their references and kernels.
 
-Importing this package registers the ops with torch.library (the only global state
-mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
+Importing this package registers the ops of :data:`OPS` with torch.library (the only
+global state mxfuse keeps) and exports each under its name (`mxfuse.ops.mxfp8_quantize`,
+...). Triton kernels load on the first CUDA call, never at import.
 """
 
-from mxfuse.ops import autograd, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_local_rows, for cached graphs)
-from mxfuse.ops.library import (
-    MxfuseInputError,
-    fused_add_rms_norm,
-    fused_add_rms_norm_mxfp8,
-    gemma_fused_add_rmsnorm,
-    gemma_fused_add_rmsnorm_mxfp8,
-    gemma_rmsnorm,
-    gemma_rmsnorm_mxfp8,
-    mxfp8_linear,
-    mxfp8_quantize,
-    mxfp8_swizzle_scales,
-    rms_norm,
-    rms_norm_mxfp8,
-)
+from mxfuse.ops import library, linear, packed, sp_rows
+from mxfuse.ops.errors import MxfuseInputError
 from mxfuse.ops.mx_layout import BLOCK
-from mxfuse.ops.packed import (
-    gemma_fused_add_rmsnorm_mxfp8_packed,
-    gemma_rmsnorm_mxfp8_packed,
-    mxfp8_quantize_packed,
-)
 from mxfuse.ops.reference import dequantize
+from mxfuse.ops.registry import OpSpec, register
 
-autograd.register()
+OPS: tuple[OpSpec, ...] = (*library.OPS, *linear.OPS, *packed.OPS, *sp_rows.OPS)
+"""Every `mxfuse::` op, the one table: each op's registration, export and autograd formula come
+from its entry (:mod:`mxfuse.ops.registry`). A module of new ops adds its `OPS` here."""
 
-__all__ = [
-    "BLOCK",
-    "MxfuseInputError",
-    "dequantize",
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_mxfp8",
-    "gemma_fused_add_rmsnorm",
-    "gemma_fused_add_rmsnorm_mxfp8",
-    "gemma_fused_add_rmsnorm_mxfp8_packed",
-    "gemma_rmsnorm",
-    "gemma_rmsnorm_mxfp8",
-    "gemma_rmsnorm_mxfp8_packed",
-    "mxfp8_linear",
-    "mxfp8_quantize",
-    "mxfp8_quantize_packed",
-    "mxfp8_swizzle_scales",
-    "rms_norm",
-    "rms_norm_mxfp8",
-]
+_registered = register(OPS)
+globals().update(_registered)
+
+__all__ = ["BLOCK", "OPS", "MxfuseInputError", "dequantize", *sorted(_registered)]

@@ -1,16 +1,18 @@
-"""Backward formulas of the mxfuse ops (`torch.library.register_autograd`).
+"""Backward formulas of the mxfuse ops, as the op table (:mod:`mxfuse.ops.registry`) registers them.
 
 The passes and kernels are for inference. Without a registered formula, a model
 compiled with gradients enabled fails deep inside AOTAutograd ("no autograd formula
-was registered"); here every op gets one:
+was registered"); here every op gets one, by its `OpSpec.backward`:
 
 - the unfused norms (Gemma and standard, with or without the residual add) have their
-  real backward (plain fp32 PyTorch, traceable), so a norm can be trained or fine-tuned
-  through the unfused op;
-- every op with an MXFP8 output (quantization, the fused norm+quant ops, the packed
-  ops, the GEMM) raises :class:`MxfuseInputError` naming the op and the fix
-  (`torch.no_grad()` / `torch.inference_mode()`): rounding to e4m3 has no useful
-  gradient, and a straight-through estimator is a training choice mxfuse does not make.
+  real backward, :data:`NORM_BACKWARD` (plain fp32 PyTorch, traceable), so a norm can be
+  trained or fine-tuned through the unfused op;
+- every other op (those with an MXFP8 output: quantization, the fused norm+quant ops, the
+  packed ops, the GEMM; and `sp_local_rows`, which only a rewrite of an inference graph
+  inserts) is inference only (`backward=None`): :func:`inference_only` raises
+  :class:`MxfuseInputError` naming the op and the fix (`torch.no_grad()` /
+  `torch.inference_mode()`): rounding to e4m3 has no useful gradient, and a
+  straight-through estimator is a training choice mxfuse does not make.
 
 Eager forward with gradients enabled still runs; the error comes when a backward is
 built (`loss.backward()`, or AOTAutograd tracing the joint graph at compile time).
@@ -18,10 +20,14 @@ built (`loss.backward()`, or AOTAutograd tracing the joint graph at compile time
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
 import torch
 from torch import Tensor
 
-from mxfuse.ops.library import MxfuseInputError
+from mxfuse.ops.errors import MxfuseInputError
 
 _NO_BACKWARD = (
     "mxfuse::{op} has no backward: MXFP8 quantization and the mxfuse passes are for inference. "
@@ -29,8 +35,20 @@ _NO_BACKWARD = (
 )
 
 
-def _no_backward(op: str):
-    def backward(ctx, *grads):
+@dataclass(frozen=True)
+class Backward:
+    """The derivative of a family of ops, called with the op's arguments by name, as its impls."""
+
+    save: Callable[..., None]
+    """`save(ctx, output, **arguments)`: keep what `grads` needs (tensors through `ctx.save_for_backward`)."""
+    grads: Callable[..., Mapping[str, Tensor | None]]
+    """`grads(ctx, *grad_outputs) -> {argument name: its gradient}`; arguments left out get None."""
+
+
+def inference_only(op: str) -> Callable[..., NoReturn]:
+    """The backward of an op without a derivative: raises, naming the op and the fix."""
+
+    def backward(ctx: Any, *grads: Tensor | None) -> NoReturn:
         raise MxfuseInputError(_NO_BACKWARD.format(op=op))
 
     return backward
@@ -63,63 +81,35 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _rounded(x: Tensor, round_normalized: bool) -> torch.dtype | None:
-    return x.dtype if round_normalized else None
+def _save_norm(
+    ctx: Any,
+    output: Any,
+    *,
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    weight_offset: float,
+    round_normalized: bool,
+    residual: Tensor | None = None,
+) -> None:
+    ctx.save_for_backward(x, weight, residual)
+    ctx.eps, ctx.weight_offset, ctx.round_normalized = eps, weight_offset, round_normalized
 
 
-def _setup_norm(ctx, inputs, output):
-    x, weight, eps, round_normalized = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps, ctx.round_normalized = eps, round_normalized
+def _norm_backward(ctx: Any, grad_y: Tensor | None, grad_residual_out: Tensor | None = None) -> dict[str, Tensor]:
+    """`y = norm(x)`, or `(y, residual_out) = (norm(s), s.to(dtype))` with `s = x + residual` in fp32."""
+    x, weight, residual = ctx.saved_tensors
+    s = _rows(x).float() if residual is None else _rows(x).float() + _rows(residual).float()
+    grad = None if grad_y is None else _rows(grad_y)
+    rounded = x.dtype if ctx.round_normalized else None
+    ds, dw = _norm_grads(s, weight, ctx.eps, grad, ctx.weight_offset, rounded)
+    if grad_residual_out is not None:
+        ds = ds + _rows(grad_residual_out).float()  # residual_out = s.to(dtype)
+    d_sum = ds.to(x.dtype).reshape(x.shape)
+    if residual is None:
+        return {"x": d_sum, "weight": dw.to(weight.dtype)}
+    return {"x": d_sum, "residual": d_sum.to(residual.dtype), "weight": dw.to(weight.dtype)}
 
 
-def _norm_backward(offset: float):
-    def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        grad = None if grad_y is None else _rows(grad_y)
-        ds, dw = _norm_grads(_rows(x).float(), weight, ctx.eps, grad, offset, _rounded(x, ctx.round_normalized))
-        return ds.to(x.dtype).reshape(x.shape), dw.to(weight.dtype), None, None
-
-    return backward
-
-
-def _setup_fused_add_norm(ctx, inputs, output):
-    x, residual, weight, eps, round_normalized = inputs
-    ctx.save_for_backward(x, residual, weight)
-    ctx.eps, ctx.round_normalized = eps, round_normalized
-
-
-def _fused_add_norm_backward(offset: float):
-    def backward(ctx, grad_y, grad_residual_out):
-        x, residual, weight = ctx.saved_tensors
-        s = _rows(x).float() + _rows(residual).float()
-        grad = None if grad_y is None else _rows(grad_y)
-        ds, dw = _norm_grads(s, weight, ctx.eps, grad, offset, _rounded(x, ctx.round_normalized))
-        if grad_residual_out is not None:
-            ds = ds + _rows(grad_residual_out).float()  # residual_out = s.to(dtype)
-        d_sum = ds.to(x.dtype).reshape(x.shape)
-        return d_sum, d_sum.to(residual.dtype), dw.to(weight.dtype), None, None
-
-    return backward
-
-
-def register():
-    """Register every op's formula; called once, by `import mxfuse.ops` (torch.library keeps them)."""
-    for name, offset in (("gemma_rmsnorm", 1.0), ("rms_norm", 0.0)):
-        torch.library.register_autograd(f"mxfuse::{name}", _norm_backward(offset), setup_context=_setup_norm)
-    for name, offset in (("gemma_fused_add_rmsnorm", 1.0), ("fused_add_rms_norm", 0.0)):
-        torch.library.register_autograd(
-            f"mxfuse::{name}", _fused_add_norm_backward(offset), setup_context=_setup_fused_add_norm
-        )
-    for op in (
-        "mxfp8_quantize",
-        "gemma_rmsnorm_mxfp8",
-        "gemma_fused_add_rmsnorm_mxfp8",
-        "rms_norm_mxfp8",
-        "fused_add_rms_norm_mxfp8",
-        "gemma_rmsnorm_mxfp8_packed",
-        "gemma_fused_add_rmsnorm_mxfp8_packed",
-        "mxfp8_quantize_packed",
-        "mxfp8_linear",
-    ):
-        torch.library.register_autograd(f"mxfuse::{op}", _no_backward(op))
+NORM_BACKWARD = Backward(save=_save_norm, grads=_norm_backward)
+"""The unfused norms' derivative (Gemma and standard by `weight_offset`; with a residual or not)."""

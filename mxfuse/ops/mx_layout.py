@@ -17,6 +17,8 @@ so they use only `+`, `//` and `*`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -37,32 +39,32 @@ SWIZZLE_COLUMN_TILE = 4
 """Scale columns of one F8_128x4 tile (scale columns are padded to a multiple of it)."""
 
 
-def round_up(n, multiple: int):
+def round_up(n: int, multiple: int) -> int:
     """Smallest multiple of `multiple` that is >= n (n an int or a SymInt)."""
     return (n + multiple - 1) // multiple * multiple
 
 
-def scale_columns(k):
+def scale_columns(k: int) -> int:
     """E8M0 scales per row of K values (row-major scale width)."""
     return k // BLOCK
 
 
-def padded_scale_columns(k):
+def padded_scale_columns(k: int) -> int:
     """Scale columns of the swizzled layout: K/32 padded to a multiple of 4."""
     return round_up(k // BLOCK, SWIZZLE_COLUMN_TILE)
 
 
-def padded_rows(m):
+def padded_rows(m: int) -> int:
     """Rows of the swizzled scale layout: M padded to a multiple of 128."""
     return round_up(m, SWIZZLE_ROW_TILE)
 
 
-def swizzled_scale_shape(m, k) -> tuple:
+def swizzled_scale_shape(m: int, k: int) -> tuple[int, int]:
     """Shape `(pad128(M), pad4(K/32))` of the F8_128x4 scales of `[M, K]` rows."""
     return (padded_rows(m), padded_scale_columns(k))
 
 
-def scale_shape(lead: tuple, k, swizzled: bool) -> tuple:
+def scale_shape(lead: Sequence[int], k: int, swizzled: bool) -> tuple[int, ...]:
     """Scales of `[*lead, K]` values: row-major `[*lead, K/32]`, or swizzled over all `prod(lead)` rows."""
     if swizzled:
         m = 1
@@ -72,6 +74,6 @@ def scale_shape(lead: tuple, k, swizzled: bool) -> tuple:
     return (*lead, scale_columns(k))
 
 
-def packed_width(k):
+def packed_width(k: int) -> int:
     """Bytes per row of the row-packed buffer: K code bytes then K/32 scale bytes."""
     return k + k // BLOCK

@@ -32,18 +32,14 @@ import torch
 from torch import Tensor
 
 from mxfuse.ops import reference
-from mxfuse.ops.library import (
-    QUANT_INPUT_DTYPES,
-    _check_norm,
-    _check_rows,
-    _empty_y,
-    _kernel_offset,
-    _rows,
-)
+from mxfuse.ops.inputs import QUANT_INPUT_DTYPES, as_rows, check_norm, check_rows, kernel_offset
+from mxfuse.ops.library import reference_norm
 from mxfuse.ops.mx_layout import FP8_DTYPE, SCALE_DTYPE, packed_width
+from mxfuse.ops.outputs import empty_y, norm_outputs
+from mxfuse.ops.registry import Impls, OpSpec
 
 
-def _n_rows(x: Tensor):
+def _n_rows(x: Tensor) -> int:
     m = 1
     for d in x.shape[:-1]:
         m = m * d
@@ -60,7 +56,7 @@ def unpack(packed: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return packed[:, :k].view(FP8_DTYPE), packed[:, k:]
 
 
-def _empty_packed(m: int, k: int, device) -> tuple[Tensor, Tensor, Tensor]:
+def _empty_packed(m: int, k: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """New packed `[m, K + K/32]` uint8 buffer and its `(codes, scales)` views for the kernels to fill."""
     packed = torch.empty((m, packed_width(k)), dtype=SCALE_DTYPE, device=device)
     codes, scales = unpack(packed, k)
@@ -71,120 +67,123 @@ def _fake_packed(x: Tensor, k: int) -> Tensor:
     return x.new_empty((_n_rows(x), packed_width(k)), dtype=SCALE_DTYPE)
 
 
-# ------------------------------------------------------ gemma_rmsnorm_mxfp8_packed
+# ------------------------------------- the norm + quant ops: `(packed, [residual_out,] y)`
 
 
-@torch.library.custom_op("mxfuse::gemma_rmsnorm_mxfp8_packed", mutates_args=())
-def gemma_rmsnorm_mxfp8_packed(
+def _norm_quant_packed(
+    op: str,
+    *,
     x: Tensor,
     weight: Tensor,
     eps: float,
-    emit_y: bool = False,
-    weight_offset: float = 1.0,
-    round_normalized: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Gemma norm + MXFP8 quant of the rows of x into one packed buffer: `(packed, y)`."""
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
-    y = reference.gemma_rmsnorm(_rows(x, k), weight, eps, weight_offset, round_normalized)
-    packed = pack(*reference.quantize_rows(y))
-    return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
-
-
-@gemma_rmsnorm_mxfp8_packed.register_fake
-def _(x, weight, eps, emit_y=False, weight_offset=1.0, round_normalized=False):
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
-    return _fake_packed(x, k), x.new_empty(x.shape) if emit_y else _empty_y(x)
-
-
-@gemma_rmsnorm_mxfp8_packed.register_kernel("cuda")
-def _(x, weight, eps, emit_y=False, weight_offset=1.0, round_normalized=False):
-    from mxfuse.ops import triton_norm_quant
-
-    k = _check_norm("gemma_rmsnorm_mxfp8_packed", x, weight, eps=eps)
-    rows = _rows(x, k)
-    packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
-    _, _, _, y = triton_norm_quant.fused_norm_quant(
-        rows, None, weight, eps, swizzled=False, emit_y=emit_y, weight_offset=_kernel_offset(weight_offset),
-        round_normalized=round_normalized, out_codes=codes, out_scales=scales,
-    )  # fmt: skip
-    return packed, y.reshape(x.shape) if emit_y else _empty_y(x)
-
-
-# ---------------------------------------------- gemma_fused_add_rmsnorm_mxfp8_packed
-
-
-@torch.library.custom_op("mxfuse::gemma_fused_add_rmsnorm_mxfp8_packed", mutates_args=())
-def gemma_fused_add_rmsnorm_mxfp8_packed(
-    x: Tensor,
-    residual: Tensor,
-    weight: Tensor,
-    eps: float,
-    emit_y: bool = False,
+    emit_y: bool,
+    weight_offset: float,
+    round_normalized: bool,
+    residual: Tensor | None = None,
     round_sum: bool = False,
-    weight_offset: float = 1.0,
-    round_normalized: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Residual add + Gemma norm + MXFP8 quant into one packed buffer: `(packed, residual_out, y)`."""
-    op = "gemma_fused_add_rmsnorm_mxfp8_packed"
-    k = _check_norm(op, x, weight, residual, eps=eps)
-    y, res = reference.gemma_fused_add_rmsnorm(
-        _rows(x, k), _rows(residual, k), weight, eps, round_sum, weight_offset, round_normalized
+) -> tuple[Tensor, ...]:
+    k = check_norm(op, x, weight, residual, eps=eps)
+    y, res = reference_norm(
+        x, residual, weight, eps, k, weight_offset=weight_offset, round_normalized=round_normalized, round_sum=round_sum
     )
-    packed = pack(*reference.quantize_rows(y))
-    return packed, res.reshape(x.shape), y.reshape(x.shape) if emit_y else _empty_y(x)
+    return norm_outputs(
+        (pack(*reference.quantize_rows(y)),),
+        None if res is None else res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else empty_y(x),
+    )
 
 
-@gemma_fused_add_rmsnorm_mxfp8_packed.register_fake
-def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0, round_normalized=False):
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
-    return _fake_packed(x, k), x.new_empty(x.shape), x.new_empty(x.shape) if emit_y else _empty_y(x)
+def _norm_quant_packed_fake(
+    op: str, *, x: Tensor, weight: Tensor, eps: float, emit_y: bool, residual: Tensor | None = None, **_: object
+) -> tuple[Tensor, ...]:
+    k = check_norm(op, x, weight, residual, eps=eps)
+    return norm_outputs(
+        (_fake_packed(x, k),),
+        None if residual is None else x.new_empty(x.shape),
+        x.new_empty(x.shape) if emit_y else empty_y(x),
+    )
 
 
-@gemma_fused_add_rmsnorm_mxfp8_packed.register_kernel("cuda")
-def _(x, residual, weight, eps, emit_y=False, round_sum=False, weight_offset=1.0, round_normalized=False):
+def _norm_quant_packed_cuda(
+    op: str,
+    *,
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    emit_y: bool,
+    weight_offset: float,
+    round_normalized: bool,
+    residual: Tensor | None = None,
+    round_sum: bool = False,
+) -> tuple[Tensor, ...]:
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_norm("gemma_fused_add_rmsnorm_mxfp8_packed", x, weight, residual, eps=eps)
-    rows = _rows(x, k)
+    k = check_norm(op, x, weight, residual, eps=eps)
+    rows = as_rows(x, k)
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     _, _, res, y = triton_norm_quant.fused_norm_quant(
         rows,
-        _rows(residual, k),
+        None if residual is None else as_rows(residual, k),
         weight,
         eps,
         swizzled=False,
         emit_y=emit_y,
         round_sum=round_sum,
-        weight_offset=_kernel_offset(weight_offset),
+        weight_offset=kernel_offset(weight_offset),
         round_normalized=round_normalized,
         out_codes=codes,
         out_scales=scales,
     )
-    return packed, res.reshape(x.shape), y.reshape(x.shape) if emit_y else _empty_y(x)
+    return norm_outputs(
+        (packed,),
+        None if residual is None else res.reshape(x.shape),
+        y.reshape(x.shape) if emit_y else empty_y(x),
+    )
 
 
-# ------------------------------------------------------------ mxfp8_quantize_packed
+# ---------------------------------------------------------------- the quant alone
 
 
-@torch.library.custom_op("mxfuse::mxfp8_quantize_packed", mutates_args=())
-def mxfp8_quantize_packed(x: Tensor) -> Tensor:
-    """MXFP8 quant of the rows of x into one packed buffer `[M, K + K/32]`."""
-    k = _check_rows("mxfp8_quantize_packed", x, QUANT_INPUT_DTYPES)
-    return pack(*reference.quantize_rows(_rows(x, k)))
+def _quantize_packed(op: str, *, x: Tensor) -> Tensor:
+    k = check_rows(op, x, QUANT_INPUT_DTYPES)
+    return pack(*reference.quantize_rows(as_rows(x, k)))
 
 
-@mxfp8_quantize_packed.register_fake
-def _(x):
-    k = _check_rows("mxfp8_quantize_packed", x, QUANT_INPUT_DTYPES)
-    return _fake_packed(x, k)
+def _quantize_packed_fake(op: str, *, x: Tensor) -> Tensor:
+    return _fake_packed(x, check_rows(op, x, QUANT_INPUT_DTYPES))
 
 
-@mxfp8_quantize_packed.register_kernel("cuda")
-def _(x):
+def _quantize_packed_cuda(op: str, *, x: Tensor) -> Tensor:
     from mxfuse.ops import triton_norm_quant
 
-    k = _check_rows("mxfp8_quantize_packed", x, QUANT_INPUT_DTYPES)
-    rows = _rows(x, k)
+    k = check_rows(op, x, QUANT_INPUT_DTYPES)
+    rows = as_rows(x, k)
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     triton_norm_quant.quantize(rows, False, out_codes=codes, out_scales=scales)
     return packed
+
+
+# -------------------------------------------------------------------- the table
+
+NORM_QUANT_PACKED = Impls(cpu=_norm_quant_packed, fake=_norm_quant_packed_fake, cuda=_norm_quant_packed_cuda)
+
+OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        "gemma_rmsnorm_mxfp8_packed(Tensor x, Tensor weight, float eps, bool emit_y=False,"
+        " float weight_offset=1.0, bool round_normalized=False) -> (Tensor, Tensor)",
+        NORM_QUANT_PACKED,
+        "Gemma norm + MXFP8 quant of the rows of x into one packed buffer: `(packed, y)`.",
+    ),
+    OpSpec(
+        "gemma_fused_add_rmsnorm_mxfp8_packed(Tensor x, Tensor residual, Tensor weight, float eps,"
+        " bool emit_y=False, bool round_sum=False, float weight_offset=1.0, bool round_normalized=False)"
+        " -> (Tensor, Tensor, Tensor)",
+        NORM_QUANT_PACKED,
+        "Residual add + Gemma norm + MXFP8 quant into one packed buffer: `(packed, residual_out, y)`.",
+    ),
+    OpSpec(
+        "mxfp8_quantize_packed(Tensor x) -> Tensor",
+        Impls(cpu=_quantize_packed, fake=_quantize_packed_fake, cuda=_quantize_packed_cuda),
+        "MXFP8 quant of the rows of x into one packed buffer `[M, K + K/32]`.",
+    ),
+)

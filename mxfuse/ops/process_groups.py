@@ -9,7 +9,10 @@ resolved by `torch.distributed`. A recognizer reads a group's size at compile ti
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
 
 
 def group_size(group_name: str, vllm: bool) -> int | None:
@@ -39,6 +42,6 @@ def _find(group_name: str, vllm: bool) -> Any:
             return ref() if ref is not None else None
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return _resolve_process_group(group_name)
+        return _resolve_process_group(cast("GroupName", group_name))  # torch's NewType of str
     except Exception:  # noqa: BLE001 - no such group in this process (or no vLLM): the caller decides
         return None

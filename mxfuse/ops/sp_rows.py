@@ -15,30 +15,36 @@ collectives carry, in their family:
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from mxfuse.ops.process_groups import rank_in_group
+from mxfuse.ops.registry import Impls, OpSpec
 
 
-def _rank_in_group(group_name: str, vllm: bool) -> int:
+def _rank_in_group(op: str, group_name: str, vllm: bool) -> int:
     rank = rank_in_group(group_name, vllm)
     if rank is None:
         family = "vLLM group" if vllm else "torch process group"
-        raise RuntimeError(f"mxfuse::sp_local_rows: no {family} named {group_name!r} in this process")
+        raise RuntimeError(f"mxfuse::{op}: no {family} named {group_name!r} in this process")
     return rank
 
 
-@torch.library.custom_op("mxfuse::sp_local_rows", mutates_args=())
-def sp_local_rows(x: Tensor, world_size: int, group_name: str, vllm: bool = False) -> Tensor:
-    """Rows `[r*M/W, (r+1)*M/W)` of `x` `[M, ...]` for this rank r of the group (a copy)."""
+def _local_rows(op: str, *, x: Tensor, world_size: int, group_name: str, vllm: bool) -> Tensor:
     if x.dim() < 1 or x.shape[0] % world_size:
-        raise ValueError(f"mxfuse::sp_local_rows: {tuple(x.shape)} rows do not split over {world_size} ranks")
+        raise ValueError(f"mxfuse::{op}: {tuple(x.shape)} rows do not split over {world_size} ranks")
     rows = x.shape[0] // world_size
-    rank = _rank_in_group(group_name, vllm)
+    rank = _rank_in_group(op, group_name, vllm)
     return x.narrow(0, rank * rows, rows).clone()
 
 
-@sp_local_rows.register_fake
-def _(x, world_size, group_name, vllm=False):
+def _local_rows_fake(op: str, *, x: Tensor, world_size: int, **_: object) -> Tensor:
     return x.new_empty((x.shape[0] // world_size, *x.shape[1:]))
+
+
+OPS: tuple[OpSpec, ...] = (
+    OpSpec(
+        "sp_local_rows(Tensor x, SymInt world_size, str group_name, bool vllm=False) -> Tensor",
+        Impls(cpu=_local_rows, fake=_local_rows_fake),
+        "Rows `[r*M/W, (r+1)*M/W)` of `x` `[M, ...]` for this rank r of the group (a copy); on every device.",
+    ),
+)

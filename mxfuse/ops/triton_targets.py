@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from mxfuse.ops.library import MxfuseInputError
+from mxfuse.ops.errors import MxfuseInputError
 
 Isa = Literal["ptx", "portable"]
 
