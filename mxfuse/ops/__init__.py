@@ -4,7 +4,7 @@ Importing this package registers the ops with torch.library (the only global sta
 mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
 """
 
-from mxfuse.ops import autograd, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_local_rows, for cached graphs)
+from mxfuse.ops import autograd, gated, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_local_rows, for cached graphs)
 from mxfuse.ops.library import (
     MxfuseInputError,
     fused_add_rms_norm,
