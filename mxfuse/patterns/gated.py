@@ -62,22 +62,25 @@ _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 class GatedCode(RefusalCode):
-    """Refusals of the gated producers of their own (the shared guards are :class:`SharedCode`)."""
+    """Refusals of the gated producers of their own (the shared guards are :class:`SharedCode`), each with its fix."""
 
-    GATE_BROADCAST = "the gate broadcasts against the gated tensor (a per-head gate)"
-    GROUP_SIZE = "the gated norm's groups are not a static multiple of 32 dividing the row"
-    NO_PACKED_FORM = "the gated producers have no packed (SP all-gather) fused op"
-    GATED_NORM_KERNEL = "vLLM's FLA Triton kernel of the gated norm, whose arithmetic mxfuse does not reproduce"
-
-
-FIXES: dict[RefusalCode, str] = {
-    GatedCode.GATE_BROADCAST: "gate elementwise (the gate of x's shape), e.g. `gate.expand_as(x)` materialized",
-    GatedCode.GROUP_SIZE: "normalize groups of a multiple of 32 values (a head dim of 64, 128, 256)",
-    GatedCode.NO_PACKED_FORM: "quantize after the all-gather (sp_gather='bf16')",
-    GatedCode.GATED_NORM_KERNEL: "leave vLLM's RMSNormGated in its native form (custom_ops 'none', vLLM's default "
-    "under Inductor; drop '+rms_norm_gated')",
-}
-"""The change that makes a gated producer fuse, per reason."""
+    GATE_BROADCAST = (
+        "the gate broadcasts against the gated tensor (a per-head gate)",
+        "gate elementwise (a gate of the gated tensor's shape), e.g. `gate.expand_as(x).contiguous()`",
+    )
+    GROUP_SIZE = (
+        "the gated norm's groups are not a static multiple of 32 dividing the row",
+        "normalize groups of a multiple of 32 values (a head dim of 64, 128, 256)",
+    )
+    NO_PACKED_FORM = (
+        "the gated producers have no packed (SP all-gather) fused op",
+        "quantize after the all-gather (sp_gather='bf16')",
+    )
+    GATED_NORM_KERNEL = (
+        "vLLM's FLA Triton kernel of the gated norm, whose arithmetic mxfuse does not reproduce",
+        "leave vLLM's RMSNormGated in its native form (custom_ops 'none', vLLM's default under Inductor; "
+        "drop '+rms_norm_gated')",
+    )
 
 
 def _reason_of_dtype(x: fx.Node) -> Reason | None:
