@@ -267,3 +267,41 @@ def test_reference_quantizes_the_rounded_y():
     x, z, w = gated_inputs(64, 256, 128, seed=11)
     codes, scales, y = mx.gated_rms_norm_mxfp8(x, z, w, 1e-6, 128, False, True)
     assert_bitwise((codes, scales), reference.mxfp8_quantize(y))
+
+
+# ---------------------------------------------------------------- the kernels' index math (Triton's interpreter)
+
+CHECK_KERNEL_LAYOUT = """
+import torch
+from mxfuse.ops import reference, triton_gated_quant as tg
+
+g = torch.Generator().manual_seed(0)
+for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
+    for k, group, full in ((384, 128, True), (288, 96, False)):
+        x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
+        w = torch.randn(k if full else group, generator=g).bfloat16()
+        _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
+        _, _, gy = tg.sigmoid_gate(x, z, quant=False)
+        for swizzled, rule in ((False, 0), (True, 1)):
+            _, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
+                                              rule=rule)
+            assert torch.equal(fy, y) and torch.equal(scales, reference.mxfp8_quantize(y, swizzled, rule)[1])
+            _, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule)
+            assert torch.equal(fy, gy) and torch.equal(scales, reference.mxfp8_quantize(gy, swizzled, rule)[1])
+print("ok")
+"""
+
+
+def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
+    """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): the fused kernels'
+    scale bytes, row-major and F8_128x4 with their zero padding, groups that are not a power of two, are the
+    reference quant's of the kernel's own y, and the fused kernel's y is the unfused one's."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", CHECK_KERNEL_LAYOUT], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
