@@ -89,3 +89,50 @@ def test_device_isa_or_one_clear_error(monkeypatch, hip, props, isa):
     finally:
         triton_targets._gpu_isa.cache_clear()
     assert triton_targets.device_isa(torch.device("cpu")) == "portable"  # Triton's interpreter
+
+
+def gated_cases(isa: str) -> list:
+    """The gated producers' kernels (mxfuse/ops/triton_gated_quant.py): fused with every flag that changes
+    the code (swizzled, torchao, y, Hugging Face's roundings, the other gate order, sigmoid) and unfused, at
+    the model's sizes (K 6144 for the gate; heads of 128, a group of 96 and a whole row for the norm)."""
+    from compile_targets import Case, _meta
+
+    from mxfuse.ops import triton_gated_quant as tg
+
+    def gate(m, k, **kw):
+        return tg.gate_launch(_meta(m, k), _meta(m, k), isa=isa, **kw)[1]
+
+    def norm(m, k, group, **kw):
+        return tg.gated_norm_launch(_meta(m, k), _meta(m, k), _meta(group), 1e-6, group, isa=isa, **kw)[1]
+
+    hf = dict(round_normalized=True, round_weighted=True)
+    return [
+        Case("gate fused swizzled torchao y", gate(4096, 6144, quant=True, swizzled=True, emit_y=True, rule=1), 0),
+        Case("gate fused rowmajor fp32 gate", gate(1, 6144, quant=True, round_gate=False), 0),
+        Case("gate unfused", gate(4096, 6144, quant=False), 0),
+        Case("gated norm fused swizzled y", norm(4096, 4096, 128, quant=True, swizzled=True, emit_y=True), 0),
+        Case("gated norm fused hf torchao", norm(4096, 4096, 128, quant=True, rule=1, **hf), 0),
+        Case(
+            "gated norm fused gate first sigmoid",
+            norm(1, 2048, 128, quant=True, norm_before_gate=False, activation="sigmoid"),
+            0,
+        ),
+        Case("gated norm unfused", norm(4096, 4096, 128, quant=False), 0),
+        Case("gated norm group 96 swizzled", norm(16, 288, 96, quant=True, swizzled=True), 0),
+        Case("gated norm whole row 6144", norm(1, 6144, 6144, quant=True), 0),
+    ]
+
+
+@pytest.mark.parametrize("target", triton_targets.COMPILE_TARGETS)
+def test_gated_kernels_compile_without_spills(target):
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    import compile_targets as tool
+
+    isa = triton_targets.isa_of_target(target.split(":")[0])
+    bad = {}
+    for case in gated_cases(isa):
+        res, err = tool.compile_case(target, case, instructions=False)
+        if tool.problems(target, res, err):
+            bad[case.name] = tool.problems(target, res, err)
+    assert not bad, f"{target}: {bad}"

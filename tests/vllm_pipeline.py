@@ -230,6 +230,7 @@ class Record:
     matched: Counter = field(default_factory=Counter)
     skipped: list = field(default_factory=list)  # mxfuse's skip records, as the report gives them
     before: list[fx.Graph] = field(default_factory=list)  # a copy of each graph as mxfuse received it
+    after: list[fx.Graph] = field(default_factory=list)  # each graph as mxfuse left it (a copy)
     schemes: Counter = field(default_factory=Counter)  # the linear layers' quantization schemes, by class name
     weight_dtypes: dict = field(default_factory=dict)  # linear weight name -> dtype after vLLM's weight prep
     model_class: str = ""  # the vLLM class the loader built
@@ -251,6 +252,9 @@ def _recorder(inner, record: Record):
             record.sites += norm_quant_sites(graph)
             record.quants += len(quant_nodes(graph))
             inner(graph)
+            copy = fx.Graph()
+            copy.output(copy.graph_copy(graph, {}))
+            record.after.append(copy)
             fused = fused_nodes(graph)
             record.fused += len(fused)
             record.fused_args += [named_args(n) for n in fused]

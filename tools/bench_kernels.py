@@ -25,6 +25,12 @@ scales; bf16) / time. Prints markdown tables; `--out DIR` writes kernels_bench.m
 
     PYTHONPATH=. python3 tools/bench_kernels.py [--out DIR] [--variant NAME] [--ms 1,64] [--ks 6144]
     PYTHONPATH=. python3 tools/bench_kernels.py --tables kernels_bench.json --variant native
+
+The gated producers (`--gated`: a section after the norm tables; `--only-gated`: that section alone):
+`sigmoid_gate_mxfp8` and `gated_rms_norm_mxfp8` (groups of 128) at K in `--gated-ks`, fused (both layouts)
+against the unfused pair (the producer kernel, then the quant kernel), the producer kernel alone,
+`torch.compile` of the plain PyTorch producer (what vLLM's Inductor generates for it) alone and with the
+plain-PyTorch quant, and the copy.
 """
 
 from __future__ import annotations
@@ -526,6 +532,103 @@ def save(out, data, vname):
         print(f"wrote {p}")
 
 
+# ------------------------------------------------------------------ the gated producers (issue 30)
+
+GATED_KS = [4096, 2048]
+"""Rows of the gated producers: Qwen3-Next-80B's o_proj / out_proj input (16 heads of 256; 32 value heads of
+128) and a TP-2 shard."""
+GATED_GROUP = 128  # the GDN value head dim
+
+
+def _gated_refs():
+    """Plain PyTorch (the references of mxfuse/ops/gated.py) for `torch.compile`: the producer alone (what
+    Inductor generates for vLLM's native form) and the producer + the plain-PyTorch quant (Inductor's fusion)."""
+    from mxfuse.ops import gated, reference
+
+    def gate(x, g):
+        return gated.sigmoid_gate_rows(x, g)
+
+    def gate_quant(x, g):
+        return reference.quantize_rows(gated.sigmoid_gate_rows(x, g))
+
+    def norm(x, z, w):
+        return gated.gated_rms_norm_rows(x, z, w, EPS, GATED_GROUP)
+
+    def norm_quant(x, z, w):
+        return reference.quantize_rows(gated.gated_rms_norm_rows(x, z, w, EPS, GATED_GROUP))
+
+    return {name: torch.compile(fn, dynamic=True) for name, fn in
+            dict(gate=gate, gate_quant=gate_quant, norm=norm, norm_quant=norm_quant).items()}  # fmt: skip
+
+
+def bench_gated_point(k, m, compiled=None, log=print):
+    """µs of the gated ops at one (K, M): fused (row-major / swizzled), the unfused pair (producer kernel then
+    the quant kernel), the producer kernel alone, `torch.compile` of the plain PyTorch producer alone and with
+    the plain quant (None: skipped)."""
+    ops = torch.ops.mxfuse
+    sets = make_sets(m, k, seed=k + m + 1)
+    w = (1 + 0.1 * torch.randn(GATED_GROUP, device="cuda")).to(DT)
+    res = {"K": k, "M": m, "sets": len(sets)}
+
+    def t(name, fn):
+        try:
+            res[name] = time_cuda_graph(fn, sets)
+        except Exception as e:  # one failing row must not lose the table
+            log(f"  {name} K={k} M={m} FAILED: {type(e).__name__}: {e}")
+            res[name] = float("nan")
+
+    t("gate_fused", lambda x, g: ops.sigmoid_gate_mxfp8(x, g))
+    t("gate_fused_swz", lambda x, g: ops.sigmoid_gate_mxfp8(x, g, True))
+    t("gate_unfused", lambda x, g: ops.mxfp8_quantize(ops.sigmoid_gate(x, g)))
+    t("gate_alone", lambda x, g: ops.sigmoid_gate(x, g))
+    t("norm_fused", lambda x, z: ops.gated_rms_norm_mxfp8(x, z, w, EPS, GATED_GROUP))
+    t("norm_fused_swz", lambda x, z: ops.gated_rms_norm_mxfp8(x, z, w, EPS, GATED_GROUP, True))
+    t("norm_unfused", lambda x, z: ops.mxfp8_quantize(ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP)))
+    t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
+    if compiled is not None:
+        t("gate_compiled", compiled["gate"])
+        t("gate_quant_compiled", compiled["gate_quant"])
+        t("norm_compiled", lambda x, z: compiled["norm"](x, z, w))
+        t("norm_quant_compiled", lambda x, z: compiled["norm_quant"](x, z, w))
+    return res
+
+
+def gated_table(results, copy_tbs) -> str:
+    """One markdown table per producer: µs, TB/s of the fused op (5.03·M·K bytes: two bf16 inputs read, codes
+    and scales written), its share of the copy, and the ratios to the unfused pair and the peers."""
+    lines = []
+    for prod in ("gate", "norm"):
+        title = "x * sigmoid(gate)" if prod == "gate" else f"gated RMSNorm (groups of {GATED_GROUP}, silu)"
+        lines += [
+            f"\n### {title} -> MXFP8 (bf16; fused vs. the unfused pair, the producer alone, torch.compile)\n",
+            "| K | M | fused µs | swizzled µs | TB/s | % copy | unfused pair µs | pair / fused | producer alone µs |"
+            " compiled producer µs | compiled producer+quant µs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in results:
+            fused = r[f"{prod}_fused"]
+            nbytes = (2 * 2 + 1 + 1 / 32) * r["M"] * r["K"]
+            rate = tbs(nbytes, fused)
+            lines.append(
+                f"| {r['K']} | {r['M']} | {fused:.2f} | {r[f'{prod}_fused_swz']:.2f} | {rate:.2f} | "
+                f"{100 * rate / copy_tbs:.0f}% | {r[f'{prod}_unfused']:.2f} | {r[f'{prod}_unfused'] / fused:.2f}x | "
+                f"{r[f'{prod}_alone']:.2f} | {r.get(f'{prod}_compiled', float('nan')):.2f} | "
+                f"{r.get(f'{prod}_quant_compiled', float('nan')):.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[list, str]:
+    refs = _gated_refs() if compiled else None
+    results = []
+    for k in ks:
+        for m in ms:
+            r = bench_gated_point(k, m, refs, log)
+            log(json.dumps(r))
+            results.append(r)
+    return results, gated_table(results, copy_tbs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="directory for kernels_bench.md / .json / .png")
@@ -539,6 +642,9 @@ def main(argv=None):
         "--current-default", action="store_true", help="with --tables: `default` = the variant today's dispatch picks"
     )
     ap.add_argument("--flashinfer-include", default=None, help="FlashInfer's include dir (default: its wheel's)")
+    ap.add_argument("--gated", action="store_true", help="then the gated producers' section (--gated-ks, --ms)")
+    ap.add_argument("--only-gated", action="store_true", help="the gated producers' section only")
+    ap.add_argument("--gated-ks", default=",".join(map(str, GATED_KS)))
     ap.add_argument("--gemm", action="store_true", help="then run tools/bench_gemm.py (GEMM rows)")
     ap.add_argument("--gemm-args", default="", help="extra arguments for bench_gemm.py, one string")
     args = ap.parse_args(argv)
@@ -567,6 +673,10 @@ def main(argv=None):
     print(head, flush=True)
     copy_tbs = copy_bandwidth_tbs()
     print(f"copy bandwidth: {copy_tbs:.3f} TB/s", flush=True)
+    gated_ks, ms = [int(v) for v in args.gated_ks.split(",")], [int(v) for v in args.ms.split(",")]
+    if args.only_gated:
+        print(gated_section(gated_ks, ms, copy_tbs, not args.no_compiled)[1], flush=True)
+        return 0
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
     flashinfer = flashinfer_norms(flashinfer_include(args.flashinfer_include))
     head += f"  flashinfer {'yes' if flashinfer else 'NOT BUILT'}"
@@ -581,6 +691,11 @@ def main(argv=None):
     print(f"benchmark took {time.time() - t0:.0f} s", flush=True)
     print(render(data, vname), flush=True)
     save(args.out, data, vname)
+    if args.gated:
+        gated_results, table = gated_section(gated_ks, ms, copy_tbs, not args.no_compiled)
+        data["gated"] = gated_results
+        print(table, flush=True)
+        save(args.out, data, vname)
     if args.gemm:  # hook: GEMM rows are produced by tools/bench_gemm.py
         try:
             import bench_gemm

@@ -14,6 +14,14 @@ from typing import NamedTuple
 
 from torch import fx
 
+from mxfuse.patterns.gated import (
+    fla_candidates,
+    gate_candidates,
+    gated_norm_candidates,
+    match_fla_gated_norm,
+    match_gate,
+    match_gated_norm,
+)
 from mxfuse.patterns.norms import match_norm, norm_candidates
 from mxfuse.patterns.producers import ProducerMatch
 
@@ -26,7 +34,12 @@ class Recognizer(NamedTuple):
     candidates: Callable[[fx.Graph], Collection[fx.Node]]
 
 
-PRODUCER_RECOGNIZERS: tuple[Recognizer, ...] = (Recognizer(match_norm, norm_candidates),)
+PRODUCER_RECOGNIZERS: tuple[Recognizer, ...] = (
+    Recognizer(match_norm, norm_candidates),
+    Recognizer(match_gate, gate_candidates),
+    Recognizer(match_gated_norm, gated_norm_candidates),
+    Recognizer(match_fla_gated_norm, fla_candidates),
+)
 """Tried in order; the first match wins."""
 
 

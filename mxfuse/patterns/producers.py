@@ -84,6 +84,9 @@ FUSED_OPS: dict[tuple[str, bool, bool], FusedOp] = {
     # the standard norm's packed forms: the Gemma-named packed ops with weight_offset=0.0
     ("rms_norm", False, True): FusedOp("gemma_rmsnorm_mxfp8_packed", (*_PACKED, "y")),
     ("rms_norm", True, True): FusedOp("gemma_fused_add_rmsnorm_mxfp8_packed", (*_PACKED, *_RES, "y")),
+    # the gated producers (patterns/gated.py): no residual, no packed form
+    ("sigmoid_gate", False, False): FusedOp("sigmoid_gate_mxfp8", (*_QUANT, "y")),
+    ("gated_rms_norm", False, False): FusedOp("gated_rms_norm_mxfp8", (*_QUANT, "y")),
 }
 """The one map from a producer to the `torch.ops.mxfuse` op fusing it with the quant."""
 

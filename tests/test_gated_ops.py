@@ -1,0 +1,307 @@
+"""The gated producers' ops on CPU (mxfuse/ops/gated.py): contracts, bitwise fused == unfused + quant,
+the reference against each source's own arithmetic, errors.
+
+Sources, run on CPU:
+- the gated attention output, `attn_out * torch.sigmoid(gate)` on bf16 / fp16 tensors (vLLM's
+  `Qwen3NextAttention.forward` and Hugging Face's `Qwen3NextAttention` write the same line);
+- vLLM's `RMSNormGated.forward_static` as Inductor's post-grad graph holds it (traced with Inductor's
+  decompositions: `F.silu` becomes `z / (1 + exp(-z))`), and eager;
+- Hugging Face's `Qwen3NextRMSNormGated` (eager and traced the same way).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import mxfuse  # noqa: F401
+from mxfuse.ops import MxfuseInputError, gated, reference
+from mxfuse.testing import assert_bitwise, bits
+
+mx = torch.ops.mxfuse
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def special_rows(m: int, k: int, dtype=torch.bfloat16, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """Random rows with the contract's hard cases planted in the first rows (as tests/test_ops.py)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * scale
+    cases = [
+        lambda r: r.zero_(),
+        lambda r: r[:32].fill_(FLT_MIN),
+        lambda r: r.mul_(3e37 if dtype == torch.bfloat16 else 6e4),
+        lambda r: r.__setitem__(3, float("nan")),
+        lambda r: r.__setitem__(5, float("inf")),
+        lambda r: r.__setitem__(7, float("-inf")),
+        lambda r: r[:32].mul_(1e4),
+        lambda r: r.mul_(1e-30),
+    ]
+    for row, case in zip(x, cases):
+        case(row)
+    return x.to(dtype)
+
+
+# ---------------------------------------------------------------- sigmoid_gate
+
+
+SHAPES = [(0, 64), (1, 64), (3, 96), (37, 160), (130, 1024), (5, 6144)]
+
+
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("rule", [0, 1], ids=["default", "torchao"])
+@pytest.mark.parametrize("round_gate", [True, False], ids=["round_gate", "fp32_gate"])
+def test_sigmoid_gate_fused_equals_unfused_then_quant(m, k, swizzled, rule, round_gate):
+    x, gate = special_rows(m, k), special_rows(m, k, seed=1, scale=6.0).roll(1, 0)
+    y = mx.sigmoid_gate(x, gate, round_gate)
+    expected = (*mx.mxfp8_quantize(y, swizzled, rule), y)
+    assert_bitwise(mx.sigmoid_gate_mxfp8(x, gate, swizzled, True, rule, round_gate), expected)
+    codes, scales, empty = mx.sigmoid_gate_mxfp8(x, gate, swizzled, False, rule, round_gate)
+    assert_bitwise((codes, scales), expected[:2]) and empty.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sigmoid_gate_is_the_sources_eager_arithmetic(dtype):
+    """vLLM's and Hugging Face's `attn_output * torch.sigmoid(gate)` on tensors of the model dtype, bit for
+    bit (the sigmoid is rounded to the dtype: `round_gate=True`)."""
+    x, gate = special_rows(512, 256, dtype), special_rows(512, 256, dtype, seed=4, scale=8.0)
+    ours, source = mx.sigmoid_gate(x, gate), x * torch.sigmoid(gate)
+    nan = torch.isnan(source)
+    assert torch.equal(torch.isnan(ours), nan)  # fp16: torch's half multiply returns another NaN payload
+    assert_bitwise(ours[~nan], source[~nan])
+    assert_bitwise(mx.sigmoid_gate(x, gate, False), (x.float() * torch.sigmoid(gate.float())).to(dtype))
+
+
+def test_sigmoid_gate_rounding_is_a_real_parameter():
+    """The two rounding orders differ on ordinary values (so the recognizer must pick the right one)."""
+    x, gate = special_rows(256, 256, seed=5), special_rows(256, 256, seed=6, scale=4.0)
+    assert not torch.equal(bits(mx.sigmoid_gate(x, gate, True)), bits(mx.sigmoid_gate(x, gate, False)))
+
+
+# ---------------------------------------------------------------- gated_rms_norm
+
+
+def gated_inputs(m, k, group, dtype=torch.bfloat16, full_weight=False, seed=0):
+    x = special_rows(m, k, dtype, seed)
+    z = special_rows(m, k, dtype, seed + 1, scale=4.0).roll(2, 0)
+    g = torch.Generator().manual_seed(seed + 2)
+    w = (1 + 0.1 * torch.randn(k if full_weight else group, generator=g)).to(dtype)
+    return x, z, w
+
+
+VARIANTS = [
+    dict(),  # vLLM native
+    dict(round_normalized=True, round_weighted=True),  # Hugging Face
+    dict(norm_before_gate=False),
+    dict(activation="sigmoid"),
+]
+
+
+@pytest.mark.parametrize("m,k,group", [(0, 128, 64), (1, 128, 128), (37, 256, 64), (130, 2048, 128), (5, 96, 96)])
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("rule", [0, 1], ids=["default", "torchao"])
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
+def test_gated_rms_norm_fused_equals_unfused_then_quant(m, k, group, swizzled, rule, variant):
+    x, z, w = gated_inputs(m, k, group, full_weight=variant == 2)
+    kw = VARIANTS[variant]
+    y = mx.gated_rms_norm(x, z, w, 1e-6, group, **kw)
+    expected = (*mx.mxfp8_quantize(y, swizzled, rule), y)
+    assert_bitwise(mx.gated_rms_norm_mxfp8(x, z, w, 1e-6, group, swizzled, True, rule, **kw), expected)
+
+
+def test_gated_rms_norm_keeps_the_leading_shape_and_reads_row_strided_inputs():
+    base_x, base_z, w = gated_inputs(24, 384, 128)
+    x, z = base_x[:, :256], base_z[:, 128:]  # row strides 384
+    x3, z3 = x.reshape(4, 6, 256), z.reshape(4, 6, 256)
+    codes, scales, y = mx.gated_rms_norm_mxfp8(x3, z3, w, 1e-6, 128, False, True)
+    assert codes.shape == (4, 6, 256) and scales.shape == (4, 6, 8) and y.shape == (4, 6, 256)
+    c2, s2, y2 = mx.gated_rms_norm_mxfp8(x.contiguous(), z.contiguous(), w, 1e-6, 128, False, True)
+    assert_bitwise((codes.reshape(24, 256), scales.reshape(24, 8), y.reshape(24, 256)), (c2, s2, y2))
+
+
+def _inductor_graph(fn, *args):
+    """`fn` traced to the ATen graph Inductor's post-grad passes see (its decompositions applied)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return make_fx(fn, decomposition_table=select_decomp_table())(*args)
+
+
+@pytest.fixture(scope="module")
+def rms_norm_gated():
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    return RMSNormGated
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_gated_rms_norm_is_vllms_compiled_arithmetic(rms_norm_gated, dtype, norm_before_gate, activation):
+    """vLLM's `RMSNormGated` (Qwen3-Next's GDN: `[T, H, D]` input, `group_size=None`, so each head is a
+    group) as the traced graph computes it, bit for bit: the fp32 arithmetic of `forward_static` with the
+    silu decomposed."""
+    t, h, d = 67, 4, 128
+    x, z, w = gated_inputs(t, h * d, d, dtype)
+
+    def source(x, z, w):
+        return rms_norm_gated.forward_static(x, z, w, 1e-6, x.dtype, None, norm_before_gate, activation)
+
+    graph = _inductor_graph(source, x.view(t, h, d), z.view(t, h, d), w)
+    kw = dict(norm_before_gate=norm_before_gate, activation=activation)
+    assert_bitwise(mx.gated_rms_norm(x, z, w, 1e-6, d, **kw), graph(x.view(t, h, d), z.view(t, h, d), w).view(t, -1))
+
+
+def _hf_gated_norm(d, w):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    del transformers
+    module = Qwen3NextRMSNormGated(d, eps=1e-6).to(w.dtype)
+    module.weight.data.copy_(w)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gated_rms_norm_is_hugging_faces_arithmetic(dtype):
+    """`Qwen3NextRMSNormGated`: the normalized value rounded, times the model-dtype weight (a bf16 product),
+    times the fp32 silu of the gate: `round_normalized=True, round_weighted=True`. Bitwise against its traced
+    graph; against eager within one ulp of the dtype (eager's fp32 `F.silu` is not `z / (1 + exp(-z))`
+    to the last bit on CPU: a different exp)."""
+    t, h, d = 67, 4, 128
+    x, z, w = gated_inputs(t, h * d, d, dtype)
+    module = _hf_gated_norm(d, w)
+    ours = mx.gated_rms_norm(x, z, w, 1e-6, d, round_normalized=True, round_weighted=True)
+    with torch.no_grad():
+        graph = _inductor_graph(module, x.view(t, h, d), z.view(t, h, d))
+        assert_bitwise(ours, graph(x.view(t, h, d), z.view(t, h, d)).view(t, -1))
+        eager = module(x.view(t, h, d), z.view(t, h, d)).view(t, -1)
+    finite = torch.isfinite(eager) & torch.isfinite(ours)
+    ulps = (bits(ours).int() - bits(eager).int()).abs()[finite]
+    assert ulps.max() <= 1
+    assert torch.equal(torch.isnan(ours), torch.isnan(eager))
+
+
+def test_gated_rms_norm_roundings_are_real_parameters():
+    x, z, w = gated_inputs(256, 512, 128, seed=9)
+    native = mx.gated_rms_norm(x, z, w, 1e-6, 128)
+    hf = mx.gated_rms_norm(x, z, w, 1e-6, 128, round_normalized=True, round_weighted=True)
+    assert not torch.equal(bits(native), bits(hf))
+
+
+def test_group_weight_and_full_weight_agree():
+    x, z, w = gated_inputs(16, 512, 128)
+    assert_bitwise(mx.gated_rms_norm(x, z, w, 1e-6, 128), mx.gated_rms_norm(x, z, w.repeat(4), 1e-6, 128))
+
+
+def test_reference_is_the_grouped_formula():
+    """The reference against a float64 evaluation of the formula (finite rows): within one bf16 ulp."""
+    g = torch.Generator().manual_seed(3)
+    x, z = torch.randn(64, 256, generator=g).bfloat16(), torch.randn(64, 256, generator=g).bfloat16()
+    w = torch.randn(64, generator=g).bfloat16()
+    xd, zd = x.double().view(64, 4, 64), z.double()
+    n = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)).view(64, 256)
+    expected = n * w.double().repeat(4) * zd * torch.sigmoid(zd)
+    ours = gated.gated_rms_norm_rows(x, z, w, 1e-6, 64).double()
+    assert torch.allclose(ours, expected, rtol=2**-7, atol=1e-30)
+
+
+# ---------------------------------------------------------------- schemas, fakes, errors
+
+
+def test_fake_impls_give_the_real_shapes():
+    x, z, w = gated_inputs(37, 256, 128)
+    real = mx.gated_rms_norm_mxfp8(x, z, w, 1e-6, 128, True, True)
+    real_gate = mx.sigmoid_gate_mxfp8(x, z, True, False)
+    with FakeTensorMode() as mode:
+        fx_, fz, fw = (mode.from_tensor(t) for t in (x, z, w))
+        fake = mx.gated_rms_norm_mxfp8(fx_, fz, fw, 1e-6, 128, True, True)
+        fake_gate = mx.sigmoid_gate_mxfp8(fx_, fz, True, False)
+        fake_y = mx.gated_rms_norm(fx_, fz, fw, 1e-6, 128)
+    for a, b in zip((*fake, *fake_gate), (*real, *real_gate)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+    assert fake_y.shape == x.shape and fake_y.dtype == x.dtype
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(0)
+    x, z, w = (torch.randn(*s, generator=g).bfloat16() for s in ((8, 128), (8, 128), (64,)))
+    torch.library.opcheck(mx.sigmoid_gate_mxfp8, (x, z, True, True, 1, False))
+    torch.library.opcheck(mx.sigmoid_gate, (x, z))
+    torch.library.opcheck(mx.gated_rms_norm_mxfp8, (x, z, w, 1e-6, 64, False, True, 0, True, "silu", True, True))
+    torch.library.opcheck(mx.gated_rms_norm, (x, z, w, 1e-6, 64))
+
+
+def _bad_cases():
+    bf = torch.bfloat16
+    x, z, w = gated_inputs(4, 128, 64)
+    return [
+        ("sigmoid_gate_mxfp8", lambda: mx.sigmoid_gate_mxfp8(x[:, :100], z[:, :100]), r"K=100 .*\(4, 100\)"),
+        ("sigmoid_gate_mxfp8", lambda: mx.sigmoid_gate_mxfp8(x.float(), z.float()), r"float32"),
+        ("sigmoid_gate", lambda: mx.sigmoid_gate(x, z[:2]), r"gate \(2, 128\) .* must match x \(4, 128\)"),
+        ("sigmoid_gate_mxfp8", lambda: mx.sigmoid_gate_mxfp8(x, z.half()), r"gate .*float16"),
+        ("sigmoid_gate_mxfp8", lambda: mx.sigmoid_gate_mxfp8(x, z, rule=7), r"rule=7"),
+        ("gated_rms_norm", lambda: mx.gated_rms_norm(x, z, w, 1e-6, 48), r"group_size=48"),
+        ("gated_rms_norm", lambda: mx.gated_rms_norm(x, z, w, 1e-6, 96), r"group_size=96 .*K=128"),
+        ("gated_rms_norm_mxfp8", lambda: mx.gated_rms_norm_mxfp8(x, z, w[:32], 1e-6, 64), r"weight \(32,\)"),
+        ("gated_rms_norm_mxfp8", lambda: mx.gated_rms_norm_mxfp8(x, z.to(bf)[:, :64], w, 1e-6, 64), r"z \(4, 64\)"),
+        ("gated_rms_norm", lambda: mx.gated_rms_norm(x, z, w, -1.0, 64), r"eps=-1.0"),
+        ("gated_rms_norm", lambda: mx.gated_rms_norm(x, z, w, 1e-6, 64, activation="gelu"), r"activation='gelu'"),
+        ("gated_rms_norm", lambda: mx.gated_rms_norm(x, z, w.int(), 1e-6, 64), r"floating point"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases())))
+def test_bad_input_is_one_clear_error_from_real_and_fake(case):
+    op, call, message = _bad_cases()[case]
+    with pytest.raises(MxfuseInputError, match=rf"^mxfuse::{op}: .*{message}"):
+        call()
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(MxfuseInputError, match=rf"^mxfuse::{op}: "):
+        call()
+
+
+def test_reference_quantizes_the_rounded_y():
+    """The fused op quantizes `y` as rounded to the dtype, not the fp32 value before rounding."""
+    x, z, w = gated_inputs(64, 256, 128, seed=11)
+    codes, scales, y = mx.gated_rms_norm_mxfp8(x, z, w, 1e-6, 128, False, True)
+    assert_bitwise((codes, scales), reference.mxfp8_quantize(y))
+
+
+# ---------------------------------------------------------------- the kernels' index math (Triton's interpreter)
+
+CHECK_KERNEL_LAYOUT = """
+import torch
+from mxfuse.ops import reference, triton_gated_quant as tg
+
+g = torch.Generator().manual_seed(0)
+for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
+    for k, group, full in ((384, 128, True), (288, 96, False)):
+        x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
+        w = torch.randn(k if full else group, generator=g).bfloat16()
+        _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
+        _, _, gy = tg.sigmoid_gate(x, z, quant=False)
+        for swizzled, rule in ((False, 0), (True, 1)):
+            _, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
+                                              rule=rule)
+            assert torch.equal(fy, y) and torch.equal(scales, reference.mxfp8_quantize(y, swizzled, rule)[1])
+            _, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule)
+            assert torch.equal(fy, gy) and torch.equal(scales, reference.mxfp8_quantize(gy, swizzled, rule)[1])
+print("ok")
+"""
+
+
+def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
+    """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): the fused kernels'
+    scale bytes, row-major and F8_128x4 with their zero padding, groups that are not a power of two, are the
+    reference quant's of the kernel's own y, and the fused kernel's y is the unfused one's."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", CHECK_KERNEL_LAYOUT], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -1,0 +1,130 @@
+"""GPU tests of the gated producers' kernels (mxfuse/ops/triton_gated_quant.py; docs/design.md,
+"Gated producers").
+
+What is asserted, on CUDA, through `torch.ops.mxfuse.*`:
+
+- fused vs. unfused project ops: BITWISE (codes, scales, y): `sigmoid_gate_mxfp8` against
+  `sigmoid_gate` then `mxfp8_quantize`, `gated_rms_norm_mxfp8` against `gated_rms_norm` then
+  `mxfp8_quantize`; both scale layouts, both rules, with and without `emit_y`, every variant of the
+  ops' arguments, bf16 and fp16; on the hard rows of test_gpu_kernels.py (zeros, FLT_MIN blocks, huge
+  and overflowing values, NaN / Inf rows, a dominant block); M from 1 to 4097, K from 64 to 6144,
+  group sizes 64, 128, 96 (not a power of two) and whole rows.
+- the gate vs. torch's own CUDA eager `x * torch.sigmoid(gate)`: bitwise (the kernel computes
+  `1 / (1 + expf(-g))` with CUDA's precise expf and a correctly rounded divide, as torch's kernel).
+- the gated norm vs. its formula in torch CUDA eager (`gated.gated_rms_norm_rows` on CUDA tensors):
+  the mean square is summed in another order, so y is within one ulp with vLLM's single rounding and
+  within three with Hugging Face's three roundings (`round_normalized`, `round_weighted`).
+- batch invariance: a row's bits do not depend on the rows around it.
+
+Runs without vLLM (the GPU image has none). Marked `gpu`, skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gpu_kernels import DEVICE, gpu_test, kparams, special_rows
+
+import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
+from mxfuse.ops import gated
+from mxfuse.testing import assert_bitwise, bits
+
+ops = torch.ops.mxfuse
+EPS = 1e-6
+MS = (1, 16, 17, 1024, 4097)
+
+
+def inputs(m, k, dtype=torch.bfloat16, seed=0):
+    x, _ = special_rows(m, k, dtype, seed=seed)
+    g, _ = special_rows(m, k, dtype, seed=seed + 1, start_kind=3)
+    return x, g
+
+
+# ---------------------------------------------------------------- sigmoid_gate
+
+
+@gpu_test
+@pytest.mark.parametrize("k", kparams(64, 96, 1024, 6144))
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+def test_gate_fused_equals_unfused_bitwise(k, m, swizzled):
+    for dtype in (torch.bfloat16, torch.float16):
+        x, g = inputs(m, k, dtype)
+        for rule in (0, 1):
+            for round_gate in (True, False):
+                y = ops.sigmoid_gate(x, g, round_gate)
+                expected = (*ops.mxfp8_quantize(y, swizzled, rule), y)
+                assert_bitwise(ops.sigmoid_gate_mxfp8(x, g, swizzled, True, rule, round_gate), expected)
+                codes, scales, _ = ops.sigmoid_gate_mxfp8(x, g, swizzled, False, rule, round_gate)
+                assert_bitwise((codes, scales), expected[:2])
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gate_equals_torch_cuda_eager(dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    x = torch.randn(4096, 2048, generator=g, device=DEVICE).to(dtype)
+    gate = (8 * torch.randn(4096, 2048, generator=g, device=DEVICE)).to(dtype)
+    assert_bitwise(ops.sigmoid_gate(x, gate), x * torch.sigmoid(gate))
+
+
+# ---------------------------------------------------------------- gated_rms_norm
+
+VARIANTS = [
+    dict(),
+    dict(round_normalized=True, round_weighted=True),
+    dict(norm_before_gate=False),
+    dict(activation="sigmoid"),
+]
+
+
+def weight(n, dtype):
+    g = torch.Generator(device="cpu").manual_seed(3)
+    return (1 + 0.2 * torch.randn(n, generator=g)).to(device=DEVICE, dtype=dtype)
+
+
+@gpu_test
+@pytest.mark.parametrize("k, group", [(128, 64), (2048, 128), (4096, 128), (288, 96), (6144, 6144), (512, 512)])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+def test_gated_norm_fused_equals_unfused_bitwise(k, group, m, swizzled):
+    for dtype in (torch.bfloat16, torch.float16):
+        x, z = inputs(m, k, dtype)
+        for i, kw in enumerate(VARIANTS):
+            w = weight(k if i == 2 else group, dtype)
+            for rule in (0, 1):
+                y = ops.gated_rms_norm(x, z, w, EPS, group, **kw)
+                expected = (*ops.mxfp8_quantize(y, swizzled, rule), y)
+                assert_bitwise(ops.gated_rms_norm_mxfp8(x, z, w, EPS, group, swizzled, True, rule, **kw), expected)
+            codes, scales, _ = ops.gated_rms_norm_mxfp8(x, z, w, EPS, group, swizzled, False, 0, **kw)
+            assert_bitwise((codes, scales), ops.mxfp8_quantize(y, swizzled, 0))
+
+
+@gpu_test
+@pytest.mark.parametrize("variant, ulps", [(0, 1), (1, 3), (2, 1), (3, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gated_norm_within_the_bound_of_torch_cuda_eager(variant, ulps, dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    m, k, group = 4096, 2048, 128
+    x = torch.randn(m, k, generator=g, device=DEVICE).to(dtype)
+    z = (4 * torch.randn(m, k, generator=g, device=DEVICE)).to(dtype)
+    w = weight(group, dtype)
+    kw = VARIANTS[variant]
+    ours = ops.gated_rms_norm(x, z, w, EPS, group, **kw)
+    eager = gated.gated_rms_norm_rows(x, z, w, EPS, group, **kw)
+    diff = (bits(ours).int() - bits(eager).int()).abs()
+    assert diff.max() <= ulps, (int(diff.max()), float((diff > 0).float().mean()))
+
+
+@gpu_test
+def test_batch_invariance():
+    k, group = 2048, 128
+    x, z = inputs(4097, k)
+    w = weight(group, torch.bfloat16)
+    full = ops.gated_rms_norm_mxfp8(x, z, w, EPS, group, False, True)
+    gate_full = ops.sigmoid_gate_mxfp8(x, z, False, True)
+    for rows in (slice(0, 1), slice(5, 6), slice(100, 117), slice(4000, 4097)):
+        part = ops.gated_rms_norm_mxfp8(x[rows], z[rows], w, EPS, group, False, True)
+        assert_bitwise(part, tuple(t[rows] for t in full))
+        gate_part = ops.sigmoid_gate_mxfp8(x[rows], z[rows], False, True)
+        assert_bitwise(gate_part, tuple(t[rows] for t in gate_full))
