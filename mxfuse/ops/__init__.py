@@ -5,6 +5,7 @@ mxfuse keeps). Triton kernels load on the first CUDA call, never at import.
 """
 
 from mxfuse.ops import autograd, sp_rows  # noqa: F401  (sp_rows: mxfuse::sp_local_rows, for cached graphs)
+from mxfuse.ops.act_mul import act_mul, act_mul_mxfp8, act_mul_pair, act_mul_pair_mxfp8
 from mxfuse.ops.library import (
     MxfuseInputError,
     fused_add_rms_norm,
@@ -32,6 +33,10 @@ autograd.register()
 __all__ = [
     "BLOCK",
     "MxfuseInputError",
+    "act_mul",
+    "act_mul_mxfp8",
+    "act_mul_pair",
+    "act_mul_pair_mxfp8",
     "dequantize",
     "fused_add_rms_norm",
     "fused_add_rms_norm_mxfp8",
