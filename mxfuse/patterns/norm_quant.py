@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import torch
 from torch import fx
 
-from mxfuse.ops.reference import QuantRule
-from mxfuse.patterns.fx_utils import call, fake, getitem, has_live_users, redirect_uses, source_line
-from mxfuse.patterns.norms import NormMatch, find_norms, reject_reason
+from mxfuse.patterns.fx_utils import fake, has_live_users, redirect_uses, source_line
+from mxfuse.patterns.norms import NormMatch, find_norms
+from mxfuse.patterns.producers import insert_fused
 from mxfuse.patterns.quants import ViewedQuant, quant_behind_other_view, quant_reject_reason, quants_through_views
 from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, SharedCode, Skip
 
@@ -140,9 +138,9 @@ class NormQuant:
         layers: a norm's residual is the previous fused op's residual output). Dead nodes
         stay; the pass erases them.
         """
-        norm = moved(fusion.norm, self._moved)
+        norm = fusion.norm.moved(self._moved)
         rule = fusion.quants[0].quant.rule  # the encoding the matched quants use
-        out = insert_fused_norm(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
+        out = insert_fused(graph, norm, swizzled=fusion.swizzled, emit_y=fusion.emit_y, rule=rule)
         x_val = fake(norm.x)
         assert x_val is not None, "plan_one fuses only norms whose input has a fake value"
         k = x_val.shape[-1]
@@ -157,20 +155,6 @@ class NormQuant:
         return out["fused"]
 
 
-def moved(norm: NormMatch, replaced: Mapping[fx.Node, fx.Node]) -> NormMatch:
-    """`norm` with its inputs read through `replaced` (planned node -> the node now standing for it;
-    an entry whose node a rollback erased no longer holds)."""
-
-    def now(node):
-        new = replaced.get(node)
-        return node if new is None or getattr(new, "_erased", False) else new
-
-    x, residual = now(norm.x), now(norm.residual)
-    if x is norm.x and residual is norm.residual:
-        return norm
-    return replace(norm, x=x, residual=residual)
-
-
 def _is_dead(norm: NormMatch) -> bool:
     return not has_live_users(norm.y) and (norm.residual_out is None or not has_live_users(norm.residual_out))
 
@@ -178,7 +162,7 @@ def _is_dead(norm: NormMatch) -> bool:
 def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
     """The fusion of one norm with the quants reading it, or why not."""
     viewed = quants_through_views(norm.y)
-    reason = reject_reason(norm, runtime_eps=True)
+    reason = norm.reject_reason()
     if reason is not None:
         return skip(norm, reason)
     if not viewed:
@@ -240,55 +224,3 @@ def no_quant_reason(norm: NormMatch) -> Reason:
             "a view that does not keep rows [K] whole",
         )
     return Reason(SharedCode.NO_QUANT, "no MXFP8 quant reads its output")
-
-
-def insert_fused_norm(
-    graph: fx.Graph,
-    norm: NormMatch,
-    *,
-    packed: bool = False,
-    swizzled: bool = False,
-    emit_y: bool = False,
-    rule: QuantRule = QuantRule.DEFAULT,
-) -> dict[str, fx.Node]:
-    """Insert the fused norm+quant op standing in for `norm` (before its first node).
-
-    Rewires the norm's residual output to the fused one (y is the caller's: only it
-    knows which users to keep). Returns the new nodes by name: "fused", then "codes"
-    and "scales" (or "packed": one `[M, K + K/32]` byte buffer), "residual_out" when
-    the norm's is used, "y" when `emit_y`.
-    """
-    mx = torch.ops.mxfuse
-    standard_op = norm.standard and not packed  # rms_norm_mxfp8 / fused_add_rms_norm_mxfp8: no offset argument
-    flags: dict = {"emit_y": emit_y} if standard_op else {"emit_y": emit_y, "weight_offset": norm.weight_offset}
-    if norm.round_normalized or norm.standard:
-        flags["round_normalized"] = norm.round_normalized
-    if not packed:
-        flags = {"swizzled": swizzled, **flags}
-        if rule != QuantRule.DEFAULT:  # torchao's NaN / scale-byte-0 encoding (see QuantRule)
-            flags["rule"] = int(rule)
-    eps = norm.eps
-    if isinstance(eps, fx.Node):  # a runtime eps (e.g. dynamic=True): an operand of the unpacked ops
-        if packed:
-            raise ValueError(f"insert_fused_norm: the packed ops take a constant eps, not the tensor {eps.name}")
-        eps, flags["eps_tensor"] = 0.0, eps
-    if norm.has_residual:
-        op = mx.gemma_fused_add_rmsnorm_mxfp8_packed if packed else mx.gemma_fused_add_rmsnorm_mxfp8
-        op = mx.fused_add_rms_norm_mxfp8 if standard_op else op
-        args: tuple[object, ...] = (norm.x, norm.residual, norm.weight, eps)
-        flags["round_sum"] = norm.round_sum
-    else:
-        op = mx.gemma_rmsnorm_mxfp8_packed if packed else mx.gemma_rmsnorm_mxfp8
-        op = mx.rms_norm_mxfp8 if standard_op else op
-        args = (norm.x, norm.weight, eps)
-    names = (["packed"] if packed else ["codes", "scales"]) + (["residual_out"] if norm.has_residual else []) + ["y"]
-    wanted = {"packed", "codes", "scales"}
-    wanted |= {"residual_out"} if norm.residual_out is not None else set()
-    wanted |= {"y"} if emit_y else set()
-    with graph.inserting_before(norm.anchor):
-        fused = call(graph, op.default, args, flags)
-        fused.meta["stack_trace"] = norm.y.meta.get("stack_trace") or norm.anchor.meta.get("stack_trace")
-        out = {name: getitem(graph, fused, i) for i, name in enumerate(names) if name in wanted}
-    if norm.residual_out is not None:
-        redirect_uses(norm.residual_out, out["residual_out"])
-    return {"fused": fused, **out}

@@ -19,7 +19,9 @@ holding `y` and `residual_out`) or None. Gemma norms multiply by `1 + w`, standa
   :mod:`mxfuse.patterns.hf_norm`, with a residual add in front of it folded in.
 
 A recognized norm whose arithmetic differs from the fused op's carries that
-`difference`; :func:`reject_reason` returns it first, so it is reported, never fused.
+`difference`; :meth:`NormMatch.reject_reason` returns it first, so it is reported, never
+fused. :class:`NormMatch` (:mod:`.norm_match`) is the norms' producer match; :func:`match_norm`
+is their entry of `producer_registry.PRODUCER_RECOGNIZERS`.
 """
 
 from __future__ import annotations
@@ -27,115 +29,21 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 from torch._inductor.pattern_matcher import get_arg_value
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import Argument
 
-from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.patterns.allreduce_norm import match_allreduce_norm
-from mxfuse.patterns.fx_utils import constant_float, fake, fake_dtype, is_call, single_getitem
+from mxfuse.patterns.fx_utils import constant_float, fake_dtype, is_call, single_getitem
 from mxfuse.patterns.hf_norm import match_hf
+from mxfuse.patterns.norm_match import NormMatch
 from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
-
-
-@dataclass(frozen=True)
-class NormMatch:
-    """A Gemma or standard norm found in a graph, in the terms of the mxfuse fused ops."""
-
-    form: str
-    x: fx.Node
-    residual: fx.Node | None
-    weight: fx.Node
-    eps: float | fx.Node | None  # a node: a 0-d tensor read at run time; None: unusable (a SymFloat)
-    y: fx.Node
-    residual_out: fx.Node | None
-    anchor: fx.Node  # first node of the norm; replacements are inserted before it
-    round_sum: bool = False
-    weight_offset: float = 1.0
-    difference: Reason | None = None  # why its arithmetic is not the fused op's (never fused then)
-    round_normalized: bool = False  # round `normalize(s)` to the dtype before the weight multiply
-    standard: bool = False  # the standard RMSNorm (`normalize(x) * w`, offset 0), not Gemma's `1 + w`
-
-    @property
-    def has_residual(self) -> bool:
-        return self.residual is not None
-
-    @property
-    def kind(self) -> str:
-        """`form:plain` / `form:fused_add` for a Gemma norm; `form:rms_norm` / `form:fused_add_rms_norm`
-        for a standard one."""
-        if self.standard:
-            return f"{self.form}:{'fused_add_rms_norm' if self.has_residual else 'rms_norm'}"
-        return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"
-
-
-def reject_reason(norm: NormMatch, *, runtime_eps: bool = False) -> Reason | None:
-    """Why the fused kernel cannot stand in for this norm (None: it can).
-
-    `runtime_eps`: the caller's fused op takes eps as a 0-d tensor operand (the
-    unpacked ops do); otherwise an eps that is a graph input is a reason.
-    """
-    if norm.difference is not None:
-        return norm.difference
-    x = fake(norm.x)
-    if x is None:
-        return Reason(SharedCode.NO_SHAPES, "no fake tensor on the norm input (graph not traced with shapes)")
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        return Reason(
-            SharedCode.ACTIVATION_DTYPE, f"activation dtype {x.dtype} (the fused kernel takes bfloat16/float16)"
-        )
-    k = x.shape[-1]
-    if not statically_known_true(k % BLOCK == 0):
-        text = (
-            f"hidden size K={k} is not a multiple of {BLOCK}" if isinstance(k, int) else f"hidden size {k} is symbolic"
-        )
-        return Reason(SharedCode.HIDDEN_SIZE, text)
-    eps_reason = _eps_reason(norm.eps, runtime_eps)
-    if eps_reason is not None:
-        return eps_reason
-    w = fake(norm.weight)
-    if w is None or w.dim() != 1 or not statically_known_true(w.shape[0] == k):
-        return Reason(SharedCode.WEIGHT_SHAPE, f"weight shape {None if w is None else tuple(w.shape)} is not ({k},)")
-    if norm.residual is not None:
-        r = fake(norm.residual)
-        if r is None or r.dtype != x.dtype or not same_shape(r.shape, x.shape):
-            return Reason(SharedCode.RESIDUAL_MISMATCH, "residual does not match the input in shape and dtype")
-    if x.device != w.device:
-        return Reason(SharedCode.DEVICE_MISMATCH, f"input on {x.device}, weight on {w.device}")
-    return None
-
-
-def _eps_reason(eps, runtime_eps: bool) -> Reason | None:
-    if isinstance(eps, float):
-        if not eps >= 0:  # the fused ops refuse it (it is added to the mean square before the rsqrt)
-            return Reason(SharedCode.EPS_INVALID, f"eps={eps} is not a valid norm epsilon; left unfused")
-        return None
-    what = "eps is not a graph constant (a float attribute made a graph input, e.g. by dynamic=True)"
-    if eps is None:
-        return Reason(SharedCode.EPS_NOT_CONSTANT, what)
-    val = fake(eps)
-    if not runtime_eps:
-        return Reason(SharedCode.EPS_NOT_CONSTANT, f"{what}; this rewrite's fused op takes a constant eps")
-    if val is None or val.dim() != 0 or not val.is_floating_point():
-        shape = None if val is None else tuple(val.shape)
-        return Reason(SharedCode.EPS_NOT_CONSTANT, f"eps is a tensor of shape {shape}, not a 0-d float scalar")
-    if val.device.type != "cpu":
-        text = f"eps is a 0-d tensor on {val.device}; the fused op reads a runtime eps on the host"
-        return Reason(SharedCode.EPS_NOT_CONSTANT, text)
-    return None
-
-
-def same_shape(a, b) -> bool:
-    """Shapes provably equal (dims may be symbolic)."""
-    return len(a) == len(b) and all(statically_known_true(p == q) for p, q in zip(a, b))
 
 
 # --------------------------------------------------------------------- mxfuse ops
@@ -353,11 +261,12 @@ def match_norm(y: fx.Node) -> NormMatch | None:
 
 def find_norms(graph: fx.Graph) -> list[NormMatch]:
     """Every norm output in the graph, in graph order."""
-    return [m for m in map(match_norm, _candidates(graph)) if m is not None]
+    candidates = norm_candidates(graph)
+    return [m for m in (match_norm(n) for n in graph.nodes if n in candidates) if m is not None]
 
 
-def _candidates(graph: fx.Graph) -> list[fx.Node]:
-    """The nodes a recognizer can anchor at (getitems, dtype casts, the norm ops), in graph order."""
+def norm_candidates(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes a norm recognizer can anchor at (getitems, dtype casts, the norm ops)."""
     mx = torch.ops.mxfuse
     targets: list[Callable[..., Any]] = [
         operator.getitem,
@@ -369,5 +278,4 @@ def _candidates(graph: fx.Graph) -> list[fx.Node]:
     ns = torch.ops.vllm_ir
     if hasattr(ns, "rms_norm"):
         targets.append(ns.rms_norm.default)
-    found = {n for t in targets for n in graph.find_nodes(op="call_function", target=t)}
-    return [n for n in graph.nodes if n in found]
+    return {n for t in targets for n in graph.find_nodes(op="call_function", target=t)}

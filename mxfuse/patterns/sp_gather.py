@@ -68,8 +68,7 @@ from mxfuse.patterns.gather_checks import (
     rows_reason,
     shape_reads,
 )
-from mxfuse.patterns.norm_quant import moved
-from mxfuse.patterns.norms import NormMatch, find_norms, match_norm, reject_reason
+from mxfuse.patterns.norms import NormMatch, find_norms, match_norm
 from mxfuse.patterns.quants import QuantMatch, QuantSite, find_quants, quant_reject_reason, quant_users
 from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, SharedCode, Skip
 
@@ -240,14 +239,14 @@ class SpGather:
     def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant) -> fx.Node | None:
         """Rewrite one planned site; returns the new collective (None: the plan no longer applies)."""
         if isinstance(fusion, PackedGather):
-            norm = moved(fusion.norm, self._moved)
+            norm = fusion.norm.moved(self._moved)
             if fusion.gather.start not in norm.y.users:
                 return None
             done = sp_gather_apply.apply_packed_gather(
                 graph, norm, fusion.gather, fusion.quants, fusion.fuse_norm, fusion.keep_bf16_gather, fusion.keep_y
             )
         else:
-            norm = moved(fusion.norm, self._moved) if fusion.norm is not None and fusion.fuse_norm else None
+            norm = fusion.norm.moved(self._moved) if fusion.norm is not None and fusion.fuse_norm else None
             done = sp_gather_apply.apply_gathered_quant(
                 graph,
                 fusion.quant,
@@ -262,7 +261,7 @@ class SpGather:
         return gathered
 
     def _can_fuse(self, norm: NormMatch | None) -> bool:
-        return norm is not None and self.fuse_norm and reject_reason(norm) is None
+        return norm is not None and self.fuse_norm and norm.reject_reason(packed=True) is None
 
     def plan_norm_gather(self, norm: NormMatch, gather: GatherMatch) -> PackedGather | Skip:
         """Form A: a norm whose output y is all-gathered, then quantized."""

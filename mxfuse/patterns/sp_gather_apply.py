@@ -14,8 +14,8 @@ from mxfuse.ops.mx_layout import FP8_DTYPE, packed_width, padded_scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import call, fake, getitem, redirect_uses, refresh_eager_input_vals, static_int
 from mxfuse.patterns.gather_checks import shape_reads
-from mxfuse.patterns.norm_quant import insert_fused_norm
 from mxfuse.patterns.norms import NormMatch
+from mxfuse.patterns.producers import insert_fused
 from mxfuse.patterns.quants import QuantMatch, QuantSite
 
 aten = torch.ops.aten
@@ -35,7 +35,7 @@ def _emit_packed(graph: fx.Graph, norm: NormMatch | None, x: fx.Node, keep_y: bo
     if norm is None:
         with graph.inserting_after(x):
             return call(graph, mx.mxfp8_quantize_packed.default, (x,)), None
-    out = insert_fused_norm(graph, norm, packed=True, emit_y=keep_y)
+    out = insert_fused(graph, norm, packed=True, emit_y=keep_y)
     if keep_y:
         redirect_uses(norm.y, out["y"])
     return out["packed"], out.get("residual_out")
