@@ -169,7 +169,36 @@ def gemm_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     return cases
 
 
-CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (norm_cases, quant_cases, swizzle_cases, gemm_cases)
+def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
+    """The act·mul kernel: every activation fused (swizzled, torchao rule) and unfused, at each
+    distinct `act_mul_config` tile of a decode and a large M (I 1792: a TP-8 shard of 14336)."""
+    from mxfuse.ops import triton_act_quant as taq
+    from mxfuse.ops.act_mul import ACTIVATIONS
+
+    cases = []
+    i = 1792
+    for m in (1, 2, 4096) if exhaustive else (1, 4096):
+        for act in ACTIVATIONS:
+            for quant, round_each_op in ((True, True), (False, True), (True, False)):
+                gate, up = _meta(m, i), _meta(m, i)
+                _, launch = taq.act_mul_launch(
+                    gate, up, act, isa=isa, quant=quant, swizzled=quant, rule=QuantRule.TORCHAO,
+                    round_each_op=round_each_op,
+                )  # fmt: skip
+                if launch is None:
+                    continue
+                what = f"act_mul {act} I{i} M{m} {'fused' if quant else 'unfused'}{'' if round_each_op else ' fp32'}"
+                cases.append(Case(what, launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+    return cases
+
+
+CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (
+    norm_cases,
+    quant_cases,
+    swizzle_cases,
+    gemm_cases,
+    act_mul_cases,
+)
 
 
 def cases_for(target: str, exhaustive: bool = False) -> list[Case]:
