@@ -88,25 +88,42 @@ def test_batch_invariant(i):
         assert_bitwise(part, tuple(t[:m] for t in full), f"M={m}")
 
 
+def e4m3_ordinal(codes: torch.Tensor) -> torch.Tensor:
+    """Codes as signed ordinals (sign-magnitude -> integer): neighbours differ by 1, +0 and -0 are 0."""
+    b = codes.view(torch.uint8).int()
+    return torch.where(b >= 128, -(b - 128), b)
+
+
 @gpu_test
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("round_each_op", [True, False])
 def test_kernel_within_the_bound_of_the_reference(activation, round_each_op):
+    """docs/design.md, "act·mul producers": y within one ulp of the dtype of the CPU reference
+    (torch's own functions), plus, for GELU-tanh, `2**-21 * |gate * up|` (tanh's absolute error
+    near -1, where `1 + tanh` cancels); codes within one e4m3 step where the scales agree."""
     x = gate_up_rows(512, 1536, seed=3)
     codes, scales, y = ops.act_mul_mxfp8(x, activation, emit_y=True, round_each_op=round_each_op)
-    ref_y = ops.act_mul(x.cpu(), activation, round_each_op=round_each_op)
+    xc = x.cpu()
+    ref_y = ops.act_mul(xc, activation, round_each_op=round_each_op)
     got = y.cpu()
     assert torch.equal(got.isnan(), ref_y.isnan())
     finite = ref_y.isfinite()
-    assert torch.equal(got[~finite & ~ref_y.isnan()], ref_y[~finite & ~ref_y.isnan()])
+    inf = ref_y.isinf()
+    assert torch.equal(got[inf], ref_y[inf])
     a, b = got[finite].float(), ref_y[finite].float()
-    ulp = (torch.nextafter(b.to(x.dtype), torch.tensor(float("inf"), dtype=x.dtype)).float() - b).abs()
-    assert ((a - b).abs() <= ulp).all(), f"{activation}: y beyond one ulp of the reference"
+    up = torch.nextafter(ref_y, torch.full_like(ref_y, float("inf"))).float() - ref_y.float()
+    down = ref_y.float() - torch.nextafter(ref_y, torch.full_like(ref_y, float("-inf"))).float()
+    ulp = torch.maximum(up.abs(), down.abs())[finite]  # either neighbour
+    bound = ulp
+    if activation == "gelu_tanh":
+        gu = (xc[:, :1536].float() * xc[:, 1536:].float()).abs()[finite]
+        bound = ulp + 2.0**-21 * gu
+    assert ((a - b).abs() <= bound).all(), f"{activation}: y beyond the bound of the reference"
     differ = (a != b).float().mean().item()
     assert differ < 0.01, f"{activation}: {differ:.4f} of y differ from the reference (expected a last-bit rarity)"
     ref_codes, ref_scales = ops.mxfp8_quantize(ref_y)
     same_scale = scales.cpu() == ref_scales
     assert same_scale.float().mean().item() > 0.99
     blocks = same_scale.repeat_interleave(32, dim=1) & finite
-    step = (codes.cpu().view(torch.uint8).int() - ref_codes.view(torch.uint8).int()).abs()
+    step = (e4m3_ordinal(codes.cpu()) - e4m3_ordinal(ref_codes)).abs()
     assert (step[blocks] <= 1).all()
