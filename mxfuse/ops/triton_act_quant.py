@@ -26,10 +26,11 @@ tests/test_gpu_act_mul.py checks it.
 
 Tiling: a 2-D grid over (row blocks, column blocks of the I dimension); BC columns
 (a power of two, 128..1024: 4 scale columns at least, so the swizzled layout's padding
-columns are covered by the last column block) and BM rows so that a tile holds ~4K
-values, halved while the grid would leave SMs idle (decode sizes). Every tile computes
-the same bits, so the choice is free (batch invariance). Swizzled scales: the grid covers
-pad128(M) rows; padding rows load zeros, whose scale byte is 0, as the layout asks.
+columns are covered by the last column block) and BM rows (:func:`act_mul_config`),
+halved while the grid would leave SMs idle (decode sizes). Every tile computes the same
+bits, so the choice is free (batch invariance). Swizzled scales: after the tiles of the M
+real rows, a few programs per column block only store the zero scale bytes of the padding
+rows up to pad128(M) (no loads, no memset).
 
 Importing this module compiles nothing; kernels compile on the first launch.
 """
@@ -56,11 +57,13 @@ GELU_BETA = tl.constexpr(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5)
 """torch's `kBeta` (`M_SQRT2 * M_2_SQRTPI * 0.5`), the fp32 constant the decomposition multiplies by."""
 GELU_KAPPA = tl.constexpr(0.044715)
 
-TILE_VALUES = 4096
-"""Values of a `[BM, BC]` tile at large M (8 KB of bf16 per input)."""
 MIN_BLOCK_COLS = 128
 """4 scale columns: the F8_128x4 layout's column padding is then inside the last block."""
 MAX_BLOCK_COLS = 1024
+WIDE_I = 4096
+"""From this I on, two rows per tile at large M (measured on the H200: docs/design.md, "act·mul producers")."""
+SCALE_PAD_ROWS = 128
+"""Rows of swizzled-scale padding one padding program zeroes (per column block)."""
 
 
 class ActMulConfig(NamedTuple):
@@ -72,9 +75,15 @@ class ActMulConfig(NamedTuple):
 
 
 def act_mul_config(m: int, i: int, sm_count: int) -> ActMulConfig:
-    """`[BM, BC]` tiles of ~4K values; smaller while the grid has fewer than 2 programs per SM."""
+    """`[BM, BC]` tiles of 8 values per thread (16 for I > 4096): BC = 1024 columns on 4 warps,
+    halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM.
+
+    Measured on the H200 (one run of tools/bench_kernels.py with config variants): 8-16 values
+    per thread beat 32 by 15-35% at M >= 4096 (the quant's per-block reduction keeps more
+    registers live), and 1024-column blocks beat 256..512 even where I is no multiple of 1024.
+    """
     bc = max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
-    bm = max(1, min(TILE_VALUES // bc, triton.next_power_of_2(max(1, m))))
+    bm = 2 if i > WIDE_I else 1
 
     def programs(bm: int, bc: int) -> int:
         return triton.cdiv(max(1, m), bm) * triton.cdiv(i, bc)
@@ -84,8 +93,7 @@ def act_mul_config(m: int, i: int, sm_count: int) -> ActMulConfig:
             bm //= 2
         else:
             bc //= 2
-    values = bm * bc
-    return ActMulConfig(bm, bc, 8 if values >= 8192 else 4 if values >= 1024 else 2 if values >= 256 else 1)
+    return ActMulConfig(bm, bc, max(1, min(4, bc // 128)))
 
 
 @triton.jit
@@ -127,7 +135,27 @@ def _act_mul_tile(g, u, alpha, limit, ACT: tl.constexpr, ROUND: tl.constexpr, DT
     return (a * u).to(DTYPE).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["M", "scale_rows"])
+@triton.jit
+def _zero_scale_padding(
+    sc_ptr,
+    p,
+    first_row,
+    scale_rows,
+    scale_cols,
+    scale_cols_padded,
+    BC: tl.constexpr,
+    PAD: tl.constexpr,
+    ISA: tl.constexpr,
+):
+    """Zero the F8_128x4 scales of padding rows `first_row + p * PAD ...` (< scale_rows) in this
+    column block: rows no tile of real rows covers, so no program loads or computes for them."""
+    rows = first_row + p.to(tl.int64) * PAD + tl.arange(0, PAD)
+    scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
+    zeros = tl.zeros([PAD, BC // 32], tl.int32)
+    _store_scales(sc_ptr, zeros, rows, scols, scale_rows, scale_cols, scale_cols_padded, 0, True, "tl_store", ISA)
+
+
+@triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
 def _act_mul_kernel(
     g_ptr,
     u_ptr,
@@ -136,6 +164,7 @@ def _act_mul_kernel(
     sc_ptr,
     M,
     scale_rows,
+    n_tiles,
     I,  # noqa: E741  (the MLP's intermediate size, as the papers name it)
     stride_g,
     stride_u,
@@ -154,27 +183,35 @@ def _act_mul_kernel(
     BM: tl.constexpr,
     BC: tl.constexpr,
     RULE: tl.constexpr,
+    PAD_ROWS: tl.constexpr,
     ISA: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    r2 = rows[:, None]
-    c2 = cols[None, :]
-    mask = (r2 < M) & (c2 < I)
-    g = tl.load(g_ptr + r2 * stride_g + c2, mask=mask, other=0.0, eviction_policy="evict_first")
-    u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
-    dtype: tl.constexpr = y_ptr.dtype.element_ty
-    y = _act_mul_tile(g.to(tl.float32), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype)
-    if EMIT_Y or not QUANT:
-        tl.store(y_ptr + r2 * stride_y + c2, y.to(dtype), mask=mask)
-    if QUANT:
-        y = tl.where(mask, y, 0.0)  # padding rows / columns: zero blocks, scale byte 0
-        codes, sb = _mx_quant_tile(y, BM, BC, "hw", RULE, ISA)
-        tl.store(q_ptr + r2 * stride_q + c2, codes, mask=mask)
-        scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
-        _store_scales(
-            sc_ptr, sb, rows, scols, scale_rows, scale_cols, scale_cols_padded, stride_s, SWIZZLED, "in_place", ISA
-        )
+    pid = tl.program_id(0)
+    if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)
+        if SWIZZLED:
+            _zero_scale_padding(
+                sc_ptr, pid - n_tiles, n_tiles * BM, scale_rows, scale_cols, scale_cols_padded, BC, PAD_ROWS, ISA
+            )
+    else:
+        rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
+        cols = tl.program_id(1) * BC + tl.arange(0, BC)
+        r2 = rows[:, None]
+        c2 = cols[None, :]
+        mask = (r2 < M) & (c2 < I)
+        g = tl.load(g_ptr + r2 * stride_g + c2, mask=mask, other=0.0, eviction_policy="evict_first")
+        u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
+        dtype: tl.constexpr = y_ptr.dtype.element_ty
+        y = _act_mul_tile(g.to(tl.float32), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype)
+        if EMIT_Y or not QUANT:
+            tl.store(y_ptr + r2 * stride_y + c2, y.to(dtype), mask=mask)
+        if QUANT:
+            y = tl.where(mask, y, 0.0)  # masked rows / columns: zero blocks, scale byte 0
+            codes, sb = _mx_quant_tile(y, BM, BC, "hw", RULE, ISA)
+            tl.store(q_ptr + r2 * stride_q + c2, codes, mask=mask)
+            scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
+            _store_scales(
+                sc_ptr, sb, rows, scols, scale_rows, scale_cols, scale_cols_padded, stride_s, SWIZZLED, "in_place", ISA
+            )
 
 
 def _check_rows(name: str, t: torch.Tensor):
@@ -224,12 +261,14 @@ def act_mul_launch(
     if scale_rows == 0 or i == 0:
         return outputs, None
     cfg = config or act_mul_config(m, i, _sm_count(dev))
-    grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(i, cfg.block_cols))
+    n_tiles = triton.cdiv(m, cfg.block_rows)
+    n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
+    grid = (n_tiles + n_pad, triton.cdiv(i, cfg.block_cols))
     s = scale_columns(i)
     y_arg = y if y is not None else gate
     args = (
         gate, up, y_arg, codes if quant else gate, scales if quant else gate,
-        m, scale_rows, i, _row_stride(gate, i), _row_stride(up, i), _row_stride(y_arg, i),
+        m, scale_rows, n_tiles, i, _row_stride(gate, i), _row_stride(up, i), _row_stride(y_arg, i),
         _row_stride(codes, i) if codes is not None else i, _row_stride(scales, s) if scales is not None else s,
         s, padded_scale_columns(i), float(alpha), float(limit),
     )  # fmt: skip
@@ -242,6 +281,7 @@ def act_mul_launch(
         BM=cfg.block_rows,
         BC=cfg.block_cols,
         RULE=rule_name,
+        PAD_ROWS=SCALE_PAD_ROWS,
         ISA=isa,
     )
     return outputs, KernelLaunch(_act_mul_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
