@@ -21,7 +21,8 @@ from mxfuse.passes import explain as ex
 from mxfuse.passes.analysis import CPP_KERNELS, TRITON_KERNELS, count_launches, total_launches
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport, SiteRecord
-from mxfuse.patterns.norm_quant import NormQuantKind
+from mxfuse.patterns.producer_quant import ProducerQuantKind
+from mxfuse.patterns.producers import ProducerFamily
 from mxfuse.patterns.results import SharedCode, SkipRecord
 from mxfuse.patterns.sequence_parallel import SequenceParallelCode
 from mxfuse.patterns.sp_gather import GatheredQuantKind, PackedGatherKind
@@ -334,14 +335,14 @@ def _record(kind) -> SiteRecord:
 
 
 def test_pass_summary_reads_kinds_by_their_fields():
-    plain = NormQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False)
-    with_y = NormQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True)
+    plain = ProducerQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False, family=ProducerFamily.NORM)
+    with_y = ProducerQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True, family=ProducerFamily.NORM)
     packed = PackedGatherKind("mxfuse:fused_add", True, False, "rowmajor", "c10d", keeps_bf16_gather=False)
     unfused = PackedGatherKind("mxfuse:fused_add", False, True, "rowmajor", "c10d", keeps_bf16_gather=False)
     repair = GatheredQuantKind(None, False, True, False, swizzled=True, quant_form="mxfuse", gather_form="c10d")
     kinds = [plain, with_y, with_y, packed, packed, packed, unfused, repair]
     report = PassReport(applied=[_record(k) for k in kinds])
-    assert report.fused_norms() == (4, 2)
+    assert report.fused_producers() == (4, 2)
     assert report.packed_gathers() == 4
     assert report.matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 2)
     assert PassReport.merge([report, report]).matched_text()[0] == ("hf:fused_add->vllm_quant:swizzled+y", 4)
@@ -362,11 +363,11 @@ def test_skips_read_by_their_fields():
 def test_kinds_read_by_their_fields():
     """The summaries read the typed kinds' fields; their strings are the report's."""
     kinds = {
-        NormQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False): (
+        ProducerQuantKind("mxfuse:plain", "mxfuse", "rowmajor", writes_y=False, family=ProducerFamily.NORM): (
             "mxfuse:plain->mxfuse_quant:rowmajor",
             (True, False, False),
         ),
-        NormQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True): (
+        ProducerQuantKind("hf:fused_add", "vllm", "swizzled", writes_y=True, family=ProducerFamily.NORM): (
             "hf:fused_add->vllm_quant:swizzled+y",
             (True, True, False),
         ),
@@ -379,7 +380,7 @@ def test_kinds_read_by_their_fields():
             (False, False, True),
         ),
     }
-    fields = {str(k): (k.fuses_norm, k.writes_y, k.packed_gather) for k in kinds}
+    fields = {str(k): (k.fuses_producer, k.writes_y, k.packed_gather) for k in kinds}
     assert fields == dict(kinds.values())
 
 

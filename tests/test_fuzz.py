@@ -79,8 +79,8 @@ def assert_report_is_real(report, graph, program: Program, options: PassOptions)
     found = {c: [n for n in graph.nodes if op_name(n) in names] for c, names in ops.items()}
     claimed = {
         "fused": [k for k in report.matched.elements() if k.rewrite == "norm_quant"],
-        "packed_fused": [k for k in report.matched.elements() if k.packed_gather and k.fuses_norm],
-        "packed": [k for k in report.matched.elements() if k.packed_gather and not k.fuses_norm],
+        "packed_fused": [k for k in report.matched.elements() if k.packed_gather and k.fuses_producer],
+        "packed": [k for k in report.matched.elements() if k.packed_gather and not k.fuses_producer],
     }
     for category, (least, most) in program.expected(options).items():
         assert len(found[category]) == len(claimed[category]), (category, report.as_dict())

@@ -43,7 +43,7 @@ def test_uuid_is_deterministic_across_processes():
     assert python(UUID) == python(UUID) == mxfuse.post_grad_pass().uuid()
 
 
-@pytest.mark.parametrize("changed", ["patterns/norm_quant.py", "passes/post_grad.py", "ops/library.py"])
+@pytest.mark.parametrize("changed", ["patterns/producer_quant.py", "passes/post_grad.py", "ops/library.py"])
 def test_uuid_changes_when_a_pattern_pass_or_kernel_source_changes(tmp_path, changed):
     copy = tmp_path / "mxfuse"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -57,7 +57,7 @@ def test_kernel_sources_are_part_of_the_cache_key():
     from mxfuse.passes import post_grad
 
     hashed = {p.name for folder in post_grad._SOURCE_DIRS for p in (PACKAGE / folder).rglob("*.py")}
-    assert {"library.py", "reference.py", "norm_quant.py", "post_grad.py"} <= hashed
+    assert {"library.py", "reference.py", "producer_quant.py", "post_grad.py"} <= hashed
     assert any(name.startswith("triton_") for name in hashed)
 
 

@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import mxfuse  # noqa: F401
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns.norm_quant import NormQuantCode
+from mxfuse.patterns.producer_quant import ProducerQuantCode
 from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
@@ -273,7 +273,7 @@ def test_quant_through_a_view_that_splits_rows_is_named():
 
     _, after, report = run_pass(fn, data(32, K), gemma_weight())
     (skip,) = report.skipped
-    assert skip.code is NormQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
+    assert skip.code is ProducerQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
     assert op_counts(after.graph)[FUSED_PLAIN] == 0
 
 
@@ -312,7 +312,7 @@ def test_a_grouped_one_plus_w_norm_is_left_alone_with_its_code_and_warned(caplog
     with caplog.at_level(logging.WARNING, logger="mxfuse"):
         before, after, report = run_pass(fn, data(4, 512), (0.1 * data(512, seed=3)))
     (skip,) = report.skipped
-    assert skip.code is SharedCode.NORM_GROUPED and skip.norm_kind == "hf:plain", skip
+    assert skip.code is SharedCode.NORM_GROUPED and skip.producer_kind == "hf:plain", skip
     assert "groups of 128 of its 512 channels" in skip.reason
     assert not report.matched and after.code == before.code
     (record,) = [r for r in caplog.records if r.name == "mxfuse" and r.levelno == logging.WARNING]

@@ -20,7 +20,7 @@ from graph_helpers import (
 import mxfuse
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
-from mxfuse.patterns import norm_quant
+from mxfuse.patterns import producer_quant
 from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
@@ -32,21 +32,21 @@ def test_a_failing_site_is_rolled_back_and_the_others_still_fuse(monkeypatch, ca
         z = mx.gemma_rmsnorm(res, weight, 1e-5)
         return (*mx.mxfp8_quantize(y), *mx.mxfp8_quantize(z), res)
 
-    real_apply = norm_quant.NormQuant.apply
+    real_apply = producer_quant.ProducerQuant.apply
 
     def fail_on_fused_add(self, graph, fusion):
         out = real_apply(self, graph, fusion)  # mutate first, so the rollback has work to do
-        if fusion.norm.has_residual:
+        if fusion.producer.has_residual:
             raise RuntimeError("injected failure")
         return out
 
-    monkeypatch.setattr(norm_quant.NormQuant, "apply", fail_on_fused_add)
+    monkeypatch.setattr(producer_quant.ProducerQuant, "apply", fail_on_fused_add)
     with caplog.at_level("WARNING", logger="mxfuse"):
         capture = check(fn, inputs(), {NORM_ADD: 1, FUSED_PLAIN: 1, NORM_PLAIN: 0, QUANT: 1}, strict=False)
     assert capture.report.matched_strings() == {"mxfuse:plain->mxfuse_quant:rowmajor": 1}
     (failed,) = capture.report.skipped
     assert failed.code is SharedCode.REWRITE_FAILED and "injected failure" in failed.reason
-    assert failed.norm_kind == "mxfuse:fused_add" and not capture.report.failed
+    assert failed.producer_kind == "mxfuse:fused_add" and not capture.report.failed
     assert "norm_quant (mxfuse:fused_add->mxfuse_quant:rowmajor)" in caplog.text and "injected failure" in caplog.text
 
 
@@ -88,7 +88,7 @@ def test_strict_mode_raises_instead_of_rolling_back(monkeypatch):
     def fail(self, graph, fusion):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(norm_quant.NormQuant, "apply", fail)
+    monkeypatch.setattr(producer_quant.ProducerQuant, "apply", fail)
     x, _, w = inputs()
     compiled, _ = compile_with_pass(fn, strict=True)
     with pytest.raises(Exception, match="injected failure"):

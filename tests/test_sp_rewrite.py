@@ -253,7 +253,7 @@ def test_off_by_default_and_plan_leaves_the_graph_alone(world):
     (verdict,) = sp.SequenceParallelRewrite().plan(gm.graph, plan_directly)
     assert isinstance(verdict, sp.SequenceParallelPlan) and isinstance(verdict, Fusion) and code(gm) == before
     assert str(verdict.kind) == "sequence_parallel:c10d_all_reduce->reduce_scatter"  # 8 rows: no padding
-    assert verdict.kind.rewrite == sp.NAME and verdict.kind.norm_kind is None and not verdict.kind.fuses_norm
+    assert verdict.kind.rewrite == sp.NAME and verdict.kind.producer_kind is None and not verdict.kind.fuses_producer
     assert verdict.site is verdict.replaced[0] and len(verdict.replaced) == 2 * CONFIG.n_layers
     run_pass(gm)  # default options: no sequence parallelism
     assert counts(gm)["all_reduce"] == 2 * CONFIG.n_layers
@@ -347,7 +347,7 @@ def test_skip_record_is_typed(world):
     verdict = sp.plan_graph(graph)
     assert isinstance(verdict, Skip) and verdict.code is sp.SequenceParallelCode.ALL_REDUCE_NO_NORM
     assert verdict.code.scope is Scope.GRAPH
-    assert verdict.rewrite == sp.NAME and verdict.norm_kind is None and not verdict.quant_site
+    assert verdict.rewrite == sp.NAME and verdict.producer_kind is None and not verdict.quant_site
     assert verdict.node.target is c10d.all_reduce.default
     # `mxfuse explain` shows it though it belongs to no norm
     verdicts = ex.explain(graph, PassOptions(sequence_parallel=True, fuse_norm_quant=False))

@@ -206,7 +206,7 @@ def test_vllm_ir_weight_of_another_dtype_is_refused(vllm_ops):
     before, after, report = run_pass(fn, data(4, K), weight(torch.float16))
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_DTYPES and "float16 on torch.bfloat16" in skip.reason, skip
-    assert skip.norm_kind == "vllm_ir:rms_norm" and after.code == before.code
+    assert skip.producer_kind == "vllm_ir:rms_norm" and after.code == before.code
 
 
 @pytest.mark.vllm
@@ -227,7 +227,7 @@ def test_vllm_ir_norm_lowered_to_an_external_kernel_is_refused(vllm_ops, provide
         before, after, report = run_pass(fn, data(4, K), data(4, K, seed=1), weight())
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_KERNEL and provider in skip.reason, skip
-    assert skip.norm_kind == "vllm_ir:fused_add_rms_norm"
+    assert skip.producer_kind == "vllm_ir:fused_add_rms_norm"
     assert matched(report) == ["vllm_ir:plain->mxfuse_quant:rowmajor"]
     refused = "vllm_ir::fused_add_rms_norm"
     assert op_counts(before.graph)[refused] == op_counts(after.graph)[refused] == 1  # left as it was
@@ -309,7 +309,7 @@ def test_hf_fp32_weight_on_bf16_activations_is_refused():
     before, after, report = run_pass(fn, data(4, K))
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_DTYPES and "torch.float32 output" in skip.reason, skip
-    assert skip.norm_kind == "hf:rms_norm" and after.code == before.code
+    assert skip.producer_kind == "hf:rms_norm" and after.code == before.code
 
 
 # ------------------------------------------------------------------ forms that said nothing: a verdict now

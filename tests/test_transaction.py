@@ -24,7 +24,7 @@ from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.transaction import GraphTransaction, SiteTransaction, site_transaction
-from mxfuse.patterns.norm_quant import NormQuant
+from mxfuse.patterns.producer_quant import ProducerQuant
 
 _TRACED: dict[int, fx.GraphModule] = {}
 
@@ -76,7 +76,7 @@ def canonical(graph: fx.Graph) -> list[tuple]:
 
 
 def planned_fusions(graph: fx.Graph):
-    planned = NormQuant().plan(graph, lambda rewrite, node, kind, plan: plan())
+    planned = ProducerQuant().plan(graph, lambda rewrite, node, kind, plan: plan())
     fusions = [p for p in planned if not hasattr(p, "code")]
     assert fusions
     return fusions
@@ -86,7 +86,7 @@ def test_a_failing_site_is_restored_bit_for_bit():
     """Apply every site but roll each back, one at a time, after it rewired the graph."""
     gm = traced(2)
     before = fingerprint(gm.graph)
-    rewrite = NormQuant()
+    rewrite = ProducerQuant()
     for fusion in planned_fusions(gm.graph):
         transaction = SiteTransaction(gm)
         assert rewrite.apply(gm.graph, fusion) is not None
@@ -100,7 +100,7 @@ def test_a_rolled_back_site_between_applied_ones_leaves_exactly_the_others():
     """Site 2 of 3 fails: the graph equals the one where only sites 1 and 3 were applied."""
 
     def apply(graph_module, skip_index=None, fail_index=None):
-        rewrite = NormQuant()
+        rewrite = ProducerQuant()
         for i, fusion in enumerate(planned_fusions(graph_module.graph)):
             if i == skip_index:
                 continue
@@ -132,15 +132,15 @@ def test_an_edit_the_record_did_not_see_is_caught_and_the_pass_restores_the_whol
     it did not record, raises, and the pass's whole-graph transaction restores everything."""
     gm = traced(1)
     before = gm.graph.python_code("self", verbose=True).src
-    real_apply = NormQuant.apply
+    real_apply = ProducerQuant.apply
 
     def sneaky_apply(self, graph, fusion):
         out = real_apply(self, graph, fusion)
-        reader = next(u for u in fusion.norm.x.users if u.op == "call_function")
-        reader.args = tuple(out if a is fusion.norm.x else a for a in reader.args)  # not through the hooks
+        reader = next(u for u in fusion.producer.x.users if u.op == "call_function")
+        reader.args = tuple(out if a is fusion.producer.x else a for a in reader.args)  # not through the hooks
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(NormQuant, "apply", sneaky_apply)
+    monkeypatch.setattr(ProducerQuant, "apply", sneaky_apply)
     with caplog.at_level("WARNING", logger="mxfuse"):
         report = post_grad.run(gm.graph, PassOptions(strict=False))
     assert report.failed  # the rollback of the site raised (it found what it did not record)

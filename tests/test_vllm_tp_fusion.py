@@ -337,7 +337,7 @@ def test_flashinfer_gemma_fused_add_form_is_refused_and_larger_ranges_fuse(vllm_
     refused = _skips(refused_piece, SharedCode.ALLREDUCE_FUSED)
     assert set(refused) == {site.y}, refused_piece.report.skipped
     skip = refused[site.y]
-    assert skip.rewrite == "norm_quant" and skip.norm_kind == "flashinfer_allreduce:fused_add"
+    assert skip.rewrite == "norm_quant" and skip.producer_kind == "flashinfer_allreduce:fused_add"
     assert f"max_token_num={THRESHOLD_TOKENS}" in skip.reason and FLASHINFER_OP in skip.reason
     assert not refused_piece.report.applied  # nothing else to fuse in that piece ...
     assert str(refused_piece.after) == str(refused_piece.before)  # ... and the refusal left the graph as it was
@@ -366,7 +366,7 @@ def test_flashinfer_standard_norm_forms(vllm_tp2):
     plain, fused_add = sites
     assert plain.kwargs["norm_out"] is not None and fused_add.kwargs["norm_out"] is None
     assert all("weight_bias" not in s.kwargs for s in sites)
-    kinds = {s.node: s.norm_kind for p in small for s in _skips(p, SharedCode.ALLREDUCE_FUSED).values()}
+    kinds = {s.node: s.producer_kind for p in small for s in _skips(p, SharedCode.ALLREDUCE_FUSED).values()}
     assert kinds == {plain.y: "flashinfer_allreduce:plain", fused_add.y: "flashinfer_allreduce:fused_add"}
     assert all(not p.report.applied and str(p.after) == str(p.before) for p in small)
     large = [p for p in compiled.pieces if not p.small]
@@ -396,7 +396,7 @@ def test_aiter_gemma_form_is_refused_and_larger_ranges_fuse(vllm_tp2):
     assert len(sites) == 1 and sites[0].index == 0, [str(p.before) for p in small]
     refused = {s.node: s for p in small for s in _skips(p, SharedCode.ALLREDUCE_FUSED).values()}
     assert set(refused) == {sites[0].y}
-    assert refused[sites[0].y].norm_kind == "aiter_allreduce:fused_add"
+    assert refused[sites[0].y].producer_kind == "aiter_allreduce:fused_add"
     assert "max_token_num" in refused[sites[0].y].reason and AITER_OP in refused[sites[0].y].reason
     assert not any(fused_allreduce_sites(p.before) for p in large)
     assert sum(len(p.report.applied) for p in large) == 2

@@ -130,7 +130,7 @@ def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
         print(f"  {kind:<{kind_w}}  x{n}", file=out)
     if report.skipped:
         print(f"  left alone: {len(report.skipped)} (see `mxfuse explain` for why)", file=out)
-    gone, kept = report.fused_norms()
+    gone, kept = report.fused_producers()
     m, k = result.rows, result.config.hidden
     per_norm = 2 * m * k * 2
     total = gone * per_norm + kept * m * k * 2

@@ -1,15 +1,16 @@
-"""Why each norm (Gemma or standard RMSNorm) of a graph did or did not fuse: the analysis behind `mxfuse explain`.
+"""Why each producer (a norm, ...) of a graph did or did not fuse: the analysis behind `mxfuse explain`.
 
 Pure functions over FX graphs. The verdicts come from what the pass itself decided,
 never from a second copy of its rules:
 
-- which norms exist: :func:`mxfuse.patterns.norms.find_norms` (the recognizers);
-- fused or not, and how: the report's record of the site applied at the norm's output
-  (rewrite, kind, replaced nodes), when its kind fused the norm;
-- why not: the ``skipped`` records of the pass report (rewrite, norm kind, node, refusal
+- which producers exist: :func:`mxfuse.patterns.producer_registry.find_producers` (the
+  recognizers of every family);
+- fused or not, and how: the report's record of the site applied at the producer's output
+  (rewrite, kind, replaced nodes), when its kind fused the producer;
+- why not: the ``skipped`` records of the pass report (rewrite, producer kind, node, refusal
   code, reason), the ones that :mod:`mxfuse.passes.post_grad` also logs at debug level.
-  Decisions read the codes (a norm whose rewrite deferred to another with
-  `CROSSES_GATHER` gets the other's reason).
+  Decisions read the codes as data: a code that `defers` (the site is another rewrite's to
+  decide) gets the other rewrite's reason, and the fix is the code's own.
 
 :func:`explain` runs the pass on a copy of the graph; :func:`explain_run` explains a
 run that already happened (the graph before and the report), which is what
@@ -24,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import operator
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +35,8 @@ from torch import fx
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.post_grad import MxfusePass
 from mxfuse.passes.report import PassReport, SiteRecord
-from mxfuse.patterns.norm_quant import FIXES, NormQuantCode
+from mxfuse.patterns.fx_utils import VIEW_OPS, last_frame, op_label
+from mxfuse.patterns.producers import ProducerFamily, ProducerMatch
 from mxfuse.patterns.results import RefusalCode, Scope, SharedCode, SkipRecord
 
 log = logging.getLogger("mxfuse")
@@ -43,10 +44,10 @@ log = logging.getLogger("mxfuse")
 
 @dataclass(frozen=True)
 class Verdict:
-    """One norm of the graph and what the passes did with it."""
+    """One producer of the graph (a norm, ...) and what the passes did with it."""
 
-    node: str  # the node holding the norm's output y (in the graph before the pass)
-    kind: str  # norm form and variant, e.g. "mxfuse:fused_add", "hf:plain"
+    node: str  # the node holding the producer's output y (in the graph before the pass)
+    kind: str  # producer form and variant, e.g. "mxfuse:fused_add", "hf:plain"
     fused: bool
     detail: str  # fused: the fusion's kind; not fused: the reason
     rewrite: str | None  # the rewrite that fused it, or that gave the reason
@@ -61,12 +62,13 @@ class Verdict:
         status = f"fused: {self.detail}" if self.fused else f"not fused: {self.detail}"
         return f"{self.node} [{self.kind}] {where}".rstrip() + f" -> {status}"
 
-    whole_graph: bool = False  # not a norm: a rewrite left the whole graph (node: an all-reduce; kind "whole_graph")
+    whole_graph: bool = False  # not a producer: a rewrite left the whole graph (node: an all-reduce)
+    family: ProducerFamily | None = None  # what the producer computes (None: whole_graph)
 
 
 @dataclass(frozen=True)
 class QuantInput:
-    """An MXFP8 quant whose input is not a recognized norm (its producer, for the user)."""
+    """An MXFP8 quant whose input is not a recognized producer (what computes it, for the user)."""
 
     quant: str
     producer: str
@@ -84,7 +86,7 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
 
 
 def explain(graph: fx.Graph, options: PassOptions = PassOptions()) -> list[Verdict]:  # noqa: B008 - frozen
-    """Verdicts for every norm of `graph`; runs the pass on a copy (`graph` is not touched, no dump)."""
+    """Verdicts for every producer of `graph`; runs the pass on a copy (`graph` is not touched, no dump)."""
     from mxfuse.passes import post_grad
 
     after = copy_graph(graph)
@@ -95,36 +97,38 @@ def explain(graph: fx.Graph, options: PassOptions = PassOptions()) -> list[Verdi
 def explain_run(before: fx.Graph, report: PassReport, options: PassOptions) -> list[Verdict]:
     """Verdicts from a run of the pass: `before` (a copy taken before it) and its report (whose
     records say what became of each site)."""
-    from mxfuse.patterns.norms import find_norms
+    from mxfuse.patterns.producer_registry import find_producers
 
     skips: dict[str, list[SkipRecord]] = {}
     for record in report.skipped:
         skips.setdefault(record.node, []).append(record)
-    fused: dict[str, SiteRecord] = {r.site: r for r in report.applied if r.kind.fuses_norm}
+    fused: dict[str, SiteRecord] = {r.site: r for r in report.applied if r.kind.fuses_producer}
     verdicts = []
-    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a norm
+    for record in report.skipped:  # a rewrite that left the whole graph: its node is an all-reduce, not a producer
         if record.code.scope is Scope.GRAPH:
-            fields = {"module": None, "source": None, "source_line": None, "whole_graph": True}
-            verdicts.append(Verdict(record.node, "whole_graph", False, record.reason, record.rewrite, **fields))
-    for norm in find_norms(before):
-        if not norm.y.users and (norm.residual_out is None or not norm.residual_out.users):
+            nowhere = (None, None, None)  # module, source, source line
+            reason, rewrite = record.reason, record.rewrite
+            verdicts.append(Verdict(record.node, "whole_graph", False, reason, rewrite, *nowhere, whole_graph=True))
+    for producer in find_producers(before):
+        y = producer.y
+        if not any(node.users for node in (y, *producer.side_outputs().values())):
             continue  # dead in the graph handed to the pass
-        module, source, code = _where(norm)
-        applied = fused.get(norm.y.name)
+        where = _where(producer)
+        applied = fused.get(y.name)
         if applied is not None:
-            verdicts.append(
-                Verdict(norm.y.name, norm.kind, True, str(applied.kind), applied.rewrite, module, source, code)
-            )
+            detail, rewrite = str(applied.kind), applied.rewrite
+            verdicts.append(Verdict(y.name, producer.kind, True, detail, rewrite, *where, family=producer.family))
             continue
-        rewrite, why, reason = _reason(norm, skips.get(norm.y.name, []), report, options)
-        fix = FIXES.get(why) if why is not None else None
-        verdicts.append(Verdict(norm.y.name, norm.kind, False, reason, rewrite, module, source, code, why, fix))
+        rewrite_or_none, why, reason = _reason(y, skips.get(y.name, []), report, options)
+        fix = why.fix if why is not None else None  # the code's own
+        kind, family = producer.kind, producer.family
+        verdicts.append(Verdict(y.name, kind, False, reason, rewrite_or_none, *where, why, fix, family=family))
     _emit(verdicts)
     return verdicts
 
 
 def _reason(
-    norm, skips: list[SkipRecord], report: PassReport, options: PassOptions
+    y: fx.Node, skips: list[SkipRecord], report: PassReport, options: PassOptions
 ) -> tuple[str | None, RefusalCode | None, str]:
     if report.failed:
         return None, None, f"the pass failed and left the graph unchanged ({report.failed})"
@@ -134,7 +138,7 @@ def _reason(
         return None, None, "left unchanged (no rewrite recorded a reason)"
     # a rewrite that defers (its output crosses an all-gather) leaves the word to the rewrite that placed
     # the gather; otherwise the last rewrite to look at the norm has it (its skips come last)
-    deciding = [s for s in skips if s.code is not NormQuantCode.CROSSES_GATHER]
+    deciding = [s for s in skips if not s.code.defers]
     deferred = len(deciding) < len(skips)
     if not deciding:
         chosen = skips[0]
@@ -143,7 +147,7 @@ def _reason(
     chosen = next(s for s in deciding if s.rewrite == last)
     reason = f"its output crosses an all-gather: {chosen.reason}" if deferred else chosen.reason
     if chosen.code is SharedCode.NO_QUANT and not deferred:
-        reason += f" (read by: {_readers(norm.y)})"
+        reason += f" (read by: {_readers(y)})"
     return chosen.rewrite, chosen.code, reason
 
 
@@ -157,24 +161,8 @@ def _readers(node: fx.Node) -> str:
     return ", ".join(dict.fromkeys(names)) or "nothing"
 
 
-def op_label(node: fx.Node) -> str:
-    """A short readable name of what a node calls: `mxfuse.mxfp8_quantize`, `aten.mm`, `getitem`."""
-    if node.op != "call_function":
-        return node.op
-    target = node.target
-    if target is operator.getitem:
-        return f"getitem of {op_label(node.args[0])}" if isinstance(node.args[0], fx.Node) else "getitem"
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._opname}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        inner = node.args[0] if node.args else None
-        inner_name = f"{inner.namespace}.{inner._opname}" if isinstance(inner, torch._ops.OpOverload) else inner
-        return f"{target.name()}({inner_name})"
-    return getattr(target, "__name__", str(target))
-
-
-def _where(norm) -> tuple[str | None, str | None, str | None]:
-    for node in (norm.y, norm.anchor):
+def _where(producer: ProducerMatch) -> tuple[str | None, str | None, str | None]:
+    for node in (producer.y, producer.anchor):
         module, source, code = _module_path(node), *last_frame(node.meta.get("stack_trace"))
         if module or source:
             return module, source, code
@@ -191,27 +179,13 @@ def _module_path(node: fx.Node) -> str | None:
     return path or None
 
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(?:\s*(.+))?')
-
-
-def last_frame(stack_trace: str | None) -> tuple[str | None, str | None]:
-    """`("models.py:204 in forward", "return torch.ops...")` from a node's stack_trace (last frame)."""
-    if not stack_trace:
-        return None, None
-    frames = _FRAME.findall(stack_trace)
-    if not frames:
-        return None, None
-    path, line, func, code = frames[-1]
-    return f"{path.rsplit('/', 1)[-1]}:{line} in {func}", (code.strip() or None)
-
-
 def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
-    """MXFP8 quants of `graph` whose input is not the output of a recognized norm.
+    """MXFP8 quants of `graph` whose input is not the output of a recognized producer.
 
     Most are expected (attention or MLP activations); one fed by an op with "norm" in
     its name is a norm form the recognizers do not know (a foreign op).
     """
-    from mxfuse.patterns.norms import match_norm
+    from mxfuse.patterns.producer_registry import match_producer
     from mxfuse.patterns.quants import find_quants, is_row_view
 
     found = []
@@ -220,32 +194,27 @@ def unmatched_quant_inputs(graph: fx.Graph) -> list[QuantInput]:
         if not isinstance(quant.x, fx.Node):
             continue
         source = quant.x
-        while is_row_view(source):
+        while is_row_view(source) and isinstance(source.args[0], fx.Node):
             source = source.args[0]
-        if match_norm(source) is not None:
+        if match_producer(source) is not None:
             continue
         producer, via = quant.x, []
-        while producer.op == "call_function" and _is_view(producer) and isinstance(producer.args[0], fx.Node):
+        while producer.target in VIEW_OPS and isinstance(producer.args[0], fx.Node):
             via.append(op_label(producer).removeprefix("aten."))
             producer = producer.args[0]
         label = op_label(producer) if producer.op == "call_function" else f"graph input {producer.name}"
         if via:
             label += f" (via {', '.join(dict.fromkeys(via))})"
-        source, _ = last_frame(node.meta.get("stack_trace"))
-        found.append(QuantInput(node.name, label, "norm" in label.lower(), source))
+        where, _ = last_frame(node.meta.get("stack_trace"))
+        found.append(QuantInput(node.name, label, "norm" in label.lower(), where))
     return found
 
 
-_VIEW_OPS = ("view", "reshape", "_unsafe_view", "transpose", "permute", "squeeze", "unsqueeze", "clone", "contiguous")
-
-
-def _is_view(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" and target._opname in _VIEW_OPS
-
-
-def _json_value(value) -> str:
-    return value.name if isinstance(value, RefusalCode) else str(value)
+def _json_value(value: object) -> str:
+    """A refusal code by its name, a producer family by its value (`"norm"`), anything else as `str()`."""
+    if isinstance(value, RefusalCode):
+        return value.name
+    return value.value if isinstance(value, ProducerFamily) else str(value)
 
 
 def _emit(verdicts: list[Verdict]) -> None:
@@ -271,14 +240,14 @@ class GraphVerdicts:
     """What the passes did to one graph the compile produced."""
 
     verdicts: tuple[Verdict, ...]
-    quant_inputs: tuple[QuantInput, ...]  # MXFP8 quants fed by something other than a recognized norm
+    quant_inputs: tuple[QuantInput, ...]  # MXFP8 quants fed by something other than a recognized producer
     report: PassReport
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """`mxfuse.explain`'s answer: per compiled graph, every norm and why it did or did not fuse
-    (`str()`: one line per norm, as :meth:`lines`)."""
+    """`mxfuse.explain`'s answer: per compiled graph, every producer and why it did or did not fuse
+    (`str()`: one line per producer, as :meth:`lines`)."""
 
     graphs: tuple[GraphVerdicts, ...]
 

@@ -2,13 +2,14 @@
 
 Order: with `sequence_parallel=True`, the sequence-parallel rewrite first (it turns
 all-reduce -> norm into reduce-scatter -> local norm -> all-gather); then rewrite 2
-(quantization around the SP all-gather), so that rewrite 1 (norm -> quant fusion) sees
+(quantization around the SP all-gather), so that rewrite 1 (producer -> quant fusion) sees
 the graph it leaves. :func:`rewrites` builds each with the options it needs. Each rewrite
 plans without touching the graph, then applies one site at a time.
 
 This module holds the one rule for failures (:func:`_contain`): a site whose planning or
-rewriting raises is restored (its own :class:`SiteTransaction`, which records only what the
-site touches, so the pass stays linear in the graph's size) and reported as skipped
+rewriting raises is restored (its own transaction, of the kind the rewrite declares in `undo`:
+a :class:`SiteTransaction`, which records only what the site touches, so the pass stays linear
+in the graph's size, or a whole-graph snapshot) and reported as skipped
 with `SharedCode.REWRITE_FAILED`, the other sites still fuse; everything runs inside one
 more transaction, the last line of defence: an exception outside a site restores the
 whole graph. Failures are logged at WARNING on the `mxfuse` logger; with the option
@@ -32,7 +33,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport, SiteRecord
 from mxfuse.passes.transaction import GraphTransaction, Transaction, site_transaction
-from mxfuse.patterns.results import Fusion, Rewrite, SharedCode, Skip
+from mxfuse.patterns.results import Fusion, Rewrite, Scope, SharedCode, Skip
 
 log = logging.getLogger("mxfuse")
 T = TypeVar("T")
@@ -45,7 +46,7 @@ __all__ = ["MxfusePass", "PassReport", "cache_key", "rewrites", "run"]
 
 def rewrites(options: PassOptions) -> list[Rewrite]:
     """The rewrites the options turn on, built with their configuration, in the order they run."""
-    from mxfuse.patterns.norm_quant import NormQuant
+    from mxfuse.patterns.producer_quant import ProducerQuant
     from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
     from mxfuse.patterns.sp_gather import SpGather
 
@@ -53,7 +54,7 @@ def rewrites(options: PassOptions) -> list[Rewrite]:
     chosen: list[Rewrite] = [SequenceParallelRewrite()] if options.sequence_parallel else []
     chosen.append(SpGather(mode=options.sp_gather, fuse_norm=options.fuse_norm_quant))
     if options.fuse_norm_quant:
-        chosen.append(NormQuant())
+        chosen.append(ProducerQuant())
     return chosen
 
 
@@ -124,11 +125,11 @@ def run(graph: fx.Graph, options: PassOptions) -> PassReport:
 def _run_rewrite(graph: fx.Graph, rewrite: Rewrite, options: PassOptions, report: PassReport) -> None:
     """Plan every site of `rewrite`, then apply each planned fusion, each inside the one rule."""
 
-    def plan_site(name: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T]) -> T | Skip:
+    def plan_site(name: str, node: fx.Node, producer_kind: str | None, plan: Callable[[], T]) -> T | Skip:
         try:
             return _contain(plan, None, options.strict, lambda: f"pattern {name} planning {node}")
         except _Failed as failure:
-            return Skip(name, node, norm_kind, SharedCode.REWRITE_FAILED, f"planning it failed ({failure.text})")
+            return Skip(name, node, producer_kind, SharedCode.REWRITE_FAILED, f"planning it failed ({failure.text})")
 
     planned = rewrite.plan(graph, plan_site)
     warned = [p.warn for p in planned if isinstance(p, Skip) and p.warn]
@@ -146,27 +147,18 @@ def _apply_site(graph: fx.Graph, rewrite: Rewrite, fusion: Fusion, options: Pass
     kind, site = fusion.kind, fusion.site
     record = SiteRecord(rewrite.name, kind, site.name, tuple(n.name for n in fusion.replaced))
     what = lambda: f"pattern {rewrite.name} ({kind}) at {site}"  # noqa: E731
-    transaction = _transaction_for(graph, rewrite)
+    transaction: Transaction = GraphTransaction(graph) if rewrite.undo is Scope.GRAPH else site_transaction(graph)
     try:
         applied = _contain(lambda: rewrite.apply(graph, fusion), transaction, options.strict, what)
     except _Failed as failure:
         reason = f"rewriting it as {kind} failed and was undone ({failure.text})"
-        skipped = Skip(rewrite.name, site, kind.norm_kind, SharedCode.REWRITE_FAILED, reason)
+        skipped = Skip(rewrite.name, site, kind.producer_kind, SharedCode.REWRITE_FAILED, reason)
         report.skipped.append(skipped.record())
         return
     finally:
         transaction.close()
     if applied is not None:
         report.applied.append(record)
-
-
-def _transaction_for(graph: fx.Graph, rewrite: Rewrite) -> Transaction:
-    """The undo for one site: what the site touches, recorded as it goes; a whole snapshot for the
-    sequence-parallel rewrite (its one site is the whole graph, and it re-derives the metadata of
-    nodes whose inputs it does not replace, which a site record does not see)."""
-    from mxfuse.patterns.sequence_parallel import SequenceParallelRewrite
-
-    return GraphTransaction(graph) if isinstance(rewrite, SequenceParallelRewrite) else site_transaction(graph)
 
 
 def _graph_text(graph: fx.Graph) -> str:
@@ -200,7 +192,7 @@ def _log(report: PassReport):
     if report.applied:
         log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in report.matched_text()))
     for s in report.skipped:
-        log.debug("mxfuse: %s left %s (%s): %s", s.rewrite, s.node, s.norm_kind or "quant_input", s.reason)
+        log.debug("mxfuse: %s left %s (%s): %s", s.rewrite, s.node, s.label, s.reason)
     try:
         from torch._logging import trace_structured
 

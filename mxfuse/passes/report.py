@@ -38,9 +38,10 @@ class PassReport:
         """Names of the nodes the rewrites replaced, site by site."""
         return [name for record in self.applied for name in record.replaced]
 
-    def fused_norms(self) -> tuple[int, int]:
-        """`(sites whose norm was fused and its bf16 y no longer goes to memory, fused ones that still write y)`."""
-        fused = [record.kind for record in self.applied if record.kind.fuses_norm]
+    def fused_producers(self) -> tuple[int, int]:
+        """`(sites whose producer was fused and its bf16 y no longer goes to memory, fused ones that still
+        write y)`."""
+        fused = [record.kind for record in self.applied if record.kind.fuses_producer]
         kept = sum(kind.writes_y for kind in fused)
         return len(fused) - kept, kept
 

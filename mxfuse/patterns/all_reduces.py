@@ -16,7 +16,7 @@ from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
 from mxfuse.ops.process_groups import group_size
-from mxfuse.patterns.fx_utils import fake, is_call, static_int
+from mxfuse.patterns.fx_utils import fake, is_call, static_int, vllm_op
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ def match_all_reduce(node: fx.Node) -> AllReduce | None:
             get_arg_value(node, 2, "group_name"),
             get_arg_value(node, 1, "reduce_op"),
         )
-    ns = torch.ops.vllm
-    if hasattr(ns, "all_reduce") and is_call(node, ns.all_reduce.default):
+    if is_call(node, vllm_op("all_reduce")):
         return AllReduce(
             "vllm", node, node, get_arg_value(node, 0, "tensor"), get_arg_value(node, 1, "group_name"), "sum"
         )
@@ -54,10 +53,7 @@ def match_all_reduce(node: fx.Node) -> AllReduce | None:
 
 
 def is_all_reduce(node: fx.Node) -> bool:
-    ns, c10d = torch.ops.vllm, torch.ops._c10d_functional
-    return is_call(node, c10d.all_reduce.default) or (
-        hasattr(ns, "all_reduce") and is_call(node, ns.all_reduce.default)
-    )
+    return is_call(node, torch.ops._c10d_functional.all_reduce.default, vllm_op("all_reduce"))
 
 
 def all_reduce_reason(ar: AllReduce | None) -> str | None:

@@ -30,7 +30,7 @@ import torch
 from torch import fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
-from mxfuse.patterns.fx_utils import constant_float, is_call, single_getitem
+from mxfuse.patterns.fx_utils import constant_float, is_call, single_getitem, vllm_op
 from mxfuse.patterns.quants import quant_behind_other_view, quants_through_views
 from mxfuse.patterns.results import Reason, SharedCode
 
@@ -39,18 +39,13 @@ AITER_OP = "rocm_aiter_fused_allreduce_rmsnorm"
 _ZEROS = (torch.ops.aten.zeros_like.default, torch.ops.aten.zeros.default, torch.ops.aten.full.default)
 
 
-def _vllm_op(name: str):
-    ns = torch.ops.vllm
-    return getattr(ns, name).default if hasattr(ns, name) else None
-
-
 def match_allreduce_norm(y: fx.Node, make):
     """`make(...)` (a `NormMatch`) for the norm output `y` of a fused all-reduce+norm node that an
     MXFP8 quant reads; None otherwise."""
     if not is_call(y, operator.getitem) or not (quants_through_views(y) or quant_behind_other_view(y) is not None):
         return None
     node, index = y.args
-    flashinfer, aiter = _vllm_op(FLASHINFER_OP), _vllm_op(AITER_OP)
+    flashinfer, aiter = vllm_op(FLASHINFER_OP), vllm_op(AITER_OP)
     if flashinfer is not None and is_call(node, auto_functionalized) and node.args[0] is flashinfer:
         kw = node.kwargs
         plain = kw.get("norm_out") is not None

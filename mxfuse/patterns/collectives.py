@@ -1,4 +1,4 @@
-"""Recognizers for the all-gathers of sequence parallelism, in both collective families.
+"""The collectives of sequence parallelism in both families: all-gather recognizers and the one emitter.
 
 - vLLM: `vllm::all_gather(tensor, dim, world_size, group_name)`: one node;
 - PyTorch functional collectives: `_c10d_functional.all_gather_into_tensor(x,
@@ -6,7 +6,9 @@
   tensor is the wait's output; always along dim 0 (another dim adds split/cat after).
 
 Both are `CallFunction` patterns (as Inductor's `micro_pipeline_tp.find_all_gather_patterns`),
-matched at the node that holds the gathered tensor.
+matched at the node that holds the gathered tensor. :func:`emit_collective` and
+:func:`collective_result` are where a rewrite writes a collective of either family (the one
+place the two families' calls differ).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import fx
 from torch._inductor.pattern_matcher import MULTIPLE, CallFunction, KeywordArg
 
-from mxfuse.patterns.fx_utils import is_call
+from mxfuse.patterns.fx_utils import call, is_call, vllm_op
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,32 @@ class GatherMatch:
     dim: object
 
 
-def _vllm_all_gather():
-    ns = torch.ops.vllm
-    return ns.all_gather.default if hasattr(ns, "all_gather") else None
+def _vllm_all_gather() -> torch._ops.OpOverload | None:
+    return vllm_op("all_gather")
+
+
+def emit_collective(
+    graph: fx.Graph, family: str, collective: str, x: fx.Node, world_size: int, group_name: str
+) -> fx.Node:
+    """Insert `collective` ("all_gather", or "reduce_scatter": a sum) of `x` along dim 0 over the group,
+    in `family` ("vllm": its one node; "c10d": the functional collective, then its wait); returns the
+    node holding the result."""
+    if family == "vllm":
+        op = vllm_op(collective)
+        assert op is not None, f"a vLLM {collective} is emitted only where vLLM's all-reduces were found"
+        return call(graph, op, (x, 0, world_size, group_name))
+    c10d = torch.ops._c10d_functional
+    if collective == "reduce_scatter":
+        start = call(graph, c10d.reduce_scatter_tensor.default, (x, "sum", world_size, group_name))
+    else:
+        start = call(graph, c10d.all_gather_into_tensor.default, (x, world_size, group_name))
+    return collective_result(graph, family, start)
+
+
+def collective_result(graph: fx.Graph, family: str, start: fx.Node) -> fx.Node:
+    """The node holding the result of the collective `start` just inserted: c10d's `wait_tensor` of it
+    (inserted here), or vLLM's node itself."""
+    return call(graph, torch.ops._c10d_functional.wait_tensor.default, (start,)) if family == "c10d" else start
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Small, pure helpers over FX nodes shared by the rewrites."""
+"""Small, pure helpers over FX nodes shared by the rewrites and `explain`: node values, the view-op
+lists, graph edits, and how a node is named for people (its op, its source line)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,29 @@ from typing import Any, TypeGuard
 import torch
 from torch import fx
 
+aten = torch.ops.aten
+
+RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+"""The reshape ops (a new shape over the same contiguous data)."""
+SQUEEZES = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims)
+BYTE_VIEWS = (*RESHAPES, aten.view.dtype, aten.alias.default)
+"""Views that keep every byte where it is (what sits between a quant's output and a gather, either side)."""
+VIEW_OPS = (
+    *RESHAPES,
+    *SQUEEZES,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.t.default,
+    aten.expand.default,
+    aten.slice.Tensor,
+    aten.select.int,
+    aten.view.dtype,
+    aten.clone.default,
+    aten.alias.default,
+)
+"""Every single-input view (or copy of one) a quant may read a producer's output through; the one list
+the others are cut from."""
+
 
 def fake(node: Any) -> torch.Tensor | None:
     """The FakeTensor recorded on a node (None for non-nodes and nodes without one)."""
@@ -16,6 +40,21 @@ def fake(node: Any) -> torch.Tensor | None:
         return None
     val = node.meta.get("val")
     return val if isinstance(val, torch.Tensor) else None
+
+
+def known_fake(node: Any) -> torch.Tensor:
+    """The FakeTensor of a node whose value the caller's guards already read (an AssertionError, never
+    None, where the plan went wrong)."""
+    val = fake(node)
+    assert val is not None, f"{node} has no fake value (a plan reads only nodes that have one)"
+    return val
+
+
+def static_last_dim(node: Any) -> int:
+    """The static last size `K` of a node's value, as the guards checked it."""
+    k = static_int(known_fake(node).shape[-1])
+    assert k is not None, f"{node}: symbolic last dim (the guards admit static K only)"
+    return k
 
 
 def fake_dtype(node: Any) -> torch.dtype | None:
@@ -83,13 +122,19 @@ def has_live_users(node: fx.Node) -> bool:
 
 
 def _is_pass_through(node: fx.Node) -> bool:
-    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
-    views = (operator.getitem, aten.view.dtype, aten.view.default, aten.reshape.default, aten.alias.default)
-    collectives = (aten._unsafe_view.default, c10d.all_gather_into_tensor.default, c10d.wait_tensor.default)
-    if node.target in views or node.target in collectives:
+    c10d = torch.ops._c10d_functional
+    if node.target is operator.getitem or node.target in BYTE_VIEWS:
         return True
-    vllm = torch.ops.vllm
-    return hasattr(vllm, "all_gather") and node.target is vllm.all_gather.default
+    if node.target in (c10d.all_gather_into_tensor.default, c10d.wait_tensor.default):
+        return True
+    return node.target is vllm_op("all_gather")
+
+
+def vllm_op(name: str, namespace: str = "vllm") -> torch._ops.OpOverload | None:
+    """`torch.ops.<namespace>.<name>.default` once vLLM registered it; None where vLLM is not loaded.
+    (`hasattr` on an op namespace tries to load the op; a missing op is no error.)"""
+    ns = getattr(torch.ops, namespace)
+    return getattr(ns, name).default if hasattr(ns, name) else None
 
 
 def static_int(value: Any) -> int | None:
@@ -160,11 +205,45 @@ def getitem(graph: fx.Graph, node: fx.Node, index: int) -> fx.Node:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(?:\s*(.+))?')
 
 
+def last_frame(stack_trace: str | None) -> tuple[str | None, str | None]:
+    """`("models.py:204 in forward", "return torch.ops...")` from a node's stack_trace (last frame)."""
+    frames = _FRAME.findall(stack_trace or "")
+    if not frames:
+        return None, None
+    path, line, func, code = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line} in {func}", (code.strip() or None)
+
+
 def source_line(node: fx.Node) -> str | None:
     """`"models.py:204 in forward: return self.norm(x)"`: the last frame of the node's stack trace."""
-    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
-    if not frames:
+    where, code = last_frame(node.meta.get("stack_trace"))
+    return f"{where}: {code}" if where and code else where
+
+
+def op_name(node: fx.Node) -> str | None:
+    """`ns::op` of a call node (`hop(ns::op)` for a higher-order op); None for getitem and non-calls."""
+    if node.op != "call_function" or node.target is operator.getitem:
         return None
-    path, line, func, code = frames[-1]
-    where = f"{path.rsplit('/', 1)[-1]}:{line} in {func}"
-    return f"{where}: {code.strip()}" if code.strip() else where
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name()  # e.g. "mxfuse::mxfp8_quantize"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        inner = node.args[0]
+        return f"{target.name()}({inner.name() if isinstance(inner, torch._ops.OpOverload) else inner})"
+    return getattr(target, "__name__", str(target))
+
+
+def op_label(node: fx.Node) -> str:
+    """A short readable name of what a node calls: `mxfuse.mxfp8_quantize`, `aten.mm`, `getitem of ...`."""
+    if node.op != "call_function":
+        return node.op
+    target = node.target
+    if target is operator.getitem:
+        return f"getitem of {op_label(node.args[0])}" if isinstance(node.args[0], fx.Node) else "getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        inner = node.args[0] if node.args else None
+        inner_name = f"{inner.namespace}.{inner._opname}" if isinstance(inner, torch._ops.OpOverload) else inner
+        return f"{target.name()}({inner_name})"
+    return getattr(target, "__name__", str(target))

@@ -9,6 +9,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from mxfuse.ops.library import ACTIVATION_DTYPES
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, scale_columns
 from mxfuse.patterns.collectives import GatherMatch
 from mxfuse.patterns.fx_utils import fake, is_call, static_int
@@ -16,7 +17,6 @@ from mxfuse.patterns.quants import QuantMatch
 from mxfuse.patterns.results import Reason, RefusalCode, SharedCode
 
 aten = torch.ops.aten
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class SpGatherCode(RefusalCode):

@@ -39,13 +39,12 @@ import torch
 from torch import fx
 from torch.fx.node import Argument
 
-from mxfuse.patterns.fx_utils import constant_float, fake, fake_dtype, is_call
+from mxfuse.ops.library import ACTIVATION_DTYPES
+from mxfuse.patterns.fx_utils import RESHAPES, constant_float, fake, fake_dtype, is_call
 from mxfuse.patterns.results import Reason, SharedCode
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _CAST = prims.convert_element_type.default
-_MODEL_DTYPES = (torch.bfloat16, torch.float16)
-_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def match_hf(y: fx.Node, make_match):
@@ -60,7 +59,7 @@ def match_hf(y: fx.Node, make_match):
 
 def _model_dtype(value: Any) -> torch.dtype | None:
     """`value` when it is bf16 or fp16 (the dtype argument of a cast), else None."""
-    return value if isinstance(value, torch.dtype) and value in _MODEL_DTYPES else None
+    return value if isinstance(value, torch.dtype) and value in ACTIVATION_DTYPES else None
 
 
 def _match_cast(y: fx.Node, dtype: torch.dtype, make_match):
@@ -78,7 +77,7 @@ def _match_cast(y: fx.Node, dtype: torch.dtype, make_match):
         return None
     if _is_f32(multiplier):
         weight = _multiplier(multiplier)
-    elif multiplier_val.dtype in _MODEL_DTYPES:  # promoted exactly to fp32 by the multiply
+    elif multiplier_val.dtype in ACTIVATION_DTYPES:  # promoted exactly to fp32 by the multiply
         weight = _model_dtype_multiplier(multiplier)
     else:
         return None
@@ -128,7 +127,7 @@ def _match_rounded_normalized(y: fx.Node, make_match):
 
 def _match_fp32(y: fx.Node, make_match):
     """Anchor (3): `y = n * M` of fp32 activations (no user casts it to a model dtype: else anchor (1) holds)."""
-    if not _is_f32(y) or any(is_call(u, _CAST) and u.args[1] in _MODEL_DTYPES for u in y.users):
+    if not _is_f32(y) or any(is_call(u, _CAST) and u.args[1] in ACTIVATION_DTYPES for u in y.users):
         return None
     split = _split(y)
     if split is None or fake(split[1]) is None:
@@ -147,7 +146,7 @@ def _match_fp32(y: fx.Node, make_match):
 def _widened(s32: fx.Node) -> bool:
     """Whether `s32` is a 16-bit tensor widened to fp32 (`x.float()`, `x.float() + r.float()`)."""
     casts = [s32] if is_call(s32, _CAST) else list(s32.args) if _is_same_dtype_add(s32, torch.float32) else []
-    return any(is_call(c, _CAST) and fake_dtype(c.args[0]) in _MODEL_DTYPES for c in casts)
+    return any(is_call(c, _CAST) and fake_dtype(c.args[0]) in ACTIVATION_DTYPES for c in casts)
 
 
 def _split(product: fx.Node):
@@ -194,10 +193,10 @@ def _normalized(node) -> tuple[fx.Node, float | fx.Node] | None:
 def _grouped(node) -> tuple[tuple[fx.Node, float | fx.Node] | None, Reason | None]:
     """`((s32, eps), why)` of `view(normalize(view(s32, [..., G, K/G])), [..., K])`: a norm over groups
     of the channels (transformers' Qwen4-Exp `hc_norm`), which the fused op (one row) cannot compute."""
-    if not is_call(node, *_VIEWS) or not isinstance(node.args[0], fx.Node):
+    if not is_call(node, *RESHAPES) or not isinstance(node.args[0], fx.Node):
         return None, None
     stats = _normalized(node.args[0])
-    if stats is None or not is_call(stats[0], *_VIEWS) or not isinstance(stats[0].args[0], fx.Node):
+    if stats is None or not is_call(stats[0], *RESHAPES) or not isinstance(stats[0].args[0], fx.Node):
         return None, None
     full, groups, out = fake(stats[0].args[0]), fake(stats[0]), fake(node)
     if full is None or groups is None or out is None or groups.dim() != full.dim() + 1:
@@ -379,7 +378,7 @@ def _multiplier(m: fx.Node) -> dict:
     if m.op == "get_attr":
         return _weight(m, 0.0)  # freezing folded `1 + w.float()` into one fp32 constant
     inner = m.args[0] if is_call(m, _CAST) else m
-    if inner is not m and isinstance(inner, fx.Node) and fake_dtype(inner) in _MODEL_DTYPES:
+    if inner is not m and isinstance(inner, fx.Node) and fake_dtype(inner) in ACTIVATION_DTYPES:
         return _model_dtype_multiplier(inner)  # `w.float()`, `(1 + w).float()`: the cast is exact
     return _weight(m, 0.0, standard=True)  # an fp32 weight: `normalize(x) * w`, one rounding
 

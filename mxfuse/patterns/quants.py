@@ -17,7 +17,18 @@ from torch import fx
 from torch._inductor.pattern_matcher import get_arg_value
 
 from mxfuse.ops.reference import QuantRule
-from mxfuse.patterns.fx_utils import call, fake, has_live_users, is_call, redirect_uses, single_getitem
+from mxfuse.patterns.fx_utils import (
+    RESHAPES,
+    SQUEEZES,
+    VIEW_OPS,
+    call,
+    fake,
+    has_live_users,
+    is_call,
+    redirect_uses,
+    single_getitem,
+    vllm_op,
+)
 from mxfuse.patterns.results import Reason, SharedCode
 from mxfuse.patterns.torchao_quant import match_torchao_quant, torchao_heads, torchao_quant_users
 
@@ -89,9 +100,8 @@ class QuantMatch:
             redirect_uses(self.scales, scales)
 
 
-def _vllm_quant_op():
-    ns = torch.ops.vllm
-    return ns.mxfp8_quantize.default if hasattr(ns, "mxfp8_quantize") else None
+def _vllm_quant_op() -> torch._ops.OpOverload | None:
+    return vllm_op("mxfp8_quantize")
 
 
 def match_quant(node: fx.Node) -> QuantMatch | None:
@@ -166,21 +176,6 @@ def quant_users(node: fx.Node) -> list[QuantSite]:
 
 # ------------------------------------------------------- through shape-only views
 
-_aten = torch.ops.aten
-_RESHAPES = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
-_UNSQUEEZE_SQUEEZE = (_aten.unsqueeze.default, _aten.squeeze.dim, _aten.squeeze.dims)
-_OTHER_VIEWS = (
-    _aten.transpose.int,
-    _aten.permute.default,
-    _aten.t.default,
-    _aten.expand.default,
-    _aten.slice.Tensor,
-    _aten.select.int,
-    _aten.view.dtype,
-    _aten.clone.default,
-    _aten.alias.default,
-)
-
 
 @dataclass(frozen=True)
 class ViewedQuant:
@@ -202,7 +197,7 @@ class ViewedQuant:
 def is_row_view(view: fx.Node) -> bool:
     """A shape-only op that keeps every row `[K]` whole and contiguous, whose args replay on the
     scales `[..., K/32]` with the last size changed (see :func:`replay_views`)."""
-    if not is_call(view, *_RESHAPES, *_UNSQUEEZE_SQUEEZE):
+    if not is_call(view, *RESHAPES, *SQUEEZES):
         return False
     src, out = fake(view.args[0]), fake(view)
     if src is None or out is None or src.dim() == 0 or out.dim() == 0:
@@ -210,12 +205,12 @@ def is_row_view(view: fx.Node) -> bool:
     k = src.shape[-1]
     if not isinstance(k, int) or out.shape[-1] != k or src.stride(-1) != 1:
         return False
-    if view.target in _RESHAPES:
+    if view.target in RESHAPES:
         shape = view.args[1]
         return isinstance(shape, (list, tuple)) and len(shape) > 0 and bool(shape[-1] == k)
     dims = view.args[1] if len(view.args) > 1 else ()
     dims = dims if isinstance(dims, (list, tuple)) else (dims,)
-    last = (out.dim() if view.target is _aten.unsqueeze.default else src.dim()) - 1
+    last = (out.dim() if view.target is torch.ops.aten.unsqueeze.default else src.dim()) - 1
     return all(isinstance(d, int) and d % (last + 1) != last for d in dims)
 
 
@@ -223,7 +218,7 @@ def replay_views(graph: fx.Graph, views: tuple[fx.Node, ...], src: fx.Node, last
     """Apply the row views `views` to `src` (same rows, last size `last_size`) at the insert point."""
     for view in views:
         rest = list(view.args[1:])
-        if view.target in _RESHAPES:
+        if view.target in RESHAPES:
             shape = view.args[1]
             assert isinstance(shape, (list, tuple)), "is_row_view admits only reshapes to a list of sizes"
             rest[0] = [*shape[:-1], last_size]
@@ -253,7 +248,7 @@ def quant_behind_other_view(node: fx.Node) -> fx.Node | None:
     while work:
         current = work.pop()
         for user in current.users:
-            if user in seen or not is_call(user, *_RESHAPES, *_UNSQUEEZE_SQUEEZE, *_OTHER_VIEWS):
+            if user in seen or not is_call(user, *VIEW_OPS):
                 continue
             seen.add(user)
             if not is_row_view(user) and any(match_quant(u) is not None for u in _through_views(user)):
@@ -267,5 +262,5 @@ def _through_views(node: fx.Node) -> list[fx.Node]:
     while work:
         current = work.pop()
         out.append(current)
-        work += [u for u in current.users if is_call(u, *_RESHAPES, *_UNSQUEEZE_SQUEEZE, *_OTHER_VIEWS)]
+        work += [u for u in current.users if is_call(u, *VIEW_OPS)]
     return [u for n in out for u in n.users]

@@ -2,10 +2,10 @@
 
 Each rewrite module owns its kind type (a frozen dataclass implementing
 :class:`FusionKind`, whose `str()` is the report's kind string) and its refusal codes
-(a :class:`RefusalCode` enum); guards shared by several rewrites return
-:class:`SharedCode` members. Readers (the pass report, `mxfuse explain`, the CLI) use
-the typed fields; the strings (`str(kind)`, `Skip.reason`) are for people and the JSON
-report only, never parsed back.
+(a :class:`RefusalCode` enum, each member with its fix where there is a simple one);
+guards shared by several rewrites return :class:`SharedCode` members. Readers (the pass
+report, `mxfuse explain`, the CLI) use the typed fields; the strings (`str(kind)`,
+`Skip.reason`) are for people and the JSON report only, never parsed back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from torch import fx
 
@@ -22,39 +22,84 @@ F = TypeVar("F", bound="Fusion")  # the fusion type one rewrite plans and applie
 
 
 class Scope(enum.Enum):
-    """What a refusal leaves alone: one site (a norm or a quant input), or the whole graph."""
+    """What a refusal leaves alone, or what one site of a rewrite may touch (its undo):
+    one site (a producer or a quant input), or the whole graph."""
 
     SITE = "site"
     GRAPH = "graph"  # the skip names an all-reduce; nothing of the graph was rewritten by that rewrite
 
 
 class RefusalCode(enum.Enum):
-    """Base of every rewrite's refusal codes: a member's value says it in a few words; `scope` says
-    what it leaves alone (a rewrite whose refusals cover the graph overrides it)."""
+    """Base of every rewrite's refusal codes.
+
+    A member is `NAME = "summary"` or `NAME = ("summary", "fix")`: its value says it in a few
+    words, `fix` is the change that makes the site fuse (None: no simple one). `scope` says what
+    it leaves alone (a rewrite whose refusals cover the graph overrides it); `defers`: the site
+    is another rewrite's to decide (its reason is that rewrite's, and it is not warned about).
+    """
+
+    _fix: str | None
+
+    def __new__(cls, summary: str, fix: str | None = None) -> Self:
+        member = object.__new__(cls)
+        member._value_ = summary
+        member._fix = fix
+        return member
+
+    @property
+    def fix(self) -> str | None:
+        return self._fix
 
     @property
     def scope(self) -> Scope:
         return Scope.SITE
 
+    @property
+    def defers(self) -> bool:
+        return False
+
 
 class SharedCode(RefusalCode):
-    """Refusals of guards several rewrites share (the norm and quant checks, a failing site)."""
+    """Refusals of guards several rewrites share (the producer and quant checks, a failing site)."""
 
     NO_SHAPES = "no fake tensor (graph not traced with shapes)"
-    ACTIVATION_DTYPE = "activation dtype the fused kernels do not take"
-    HIDDEN_SIZE = "hidden size symbolic or not a multiple of 32"
-    EPS_NOT_CONSTANT = "eps is not a graph constant"
-    EPS_INVALID = "eps is negative or NaN"
-    WEIGHT_SHAPE = "weight is not [K]"
-    RESIDUAL_MISMATCH = "residual differs from the input in shape or dtype"
-    DEVICE_MISMATCH = "input and weight on different devices"
-    NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
-    NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
-    ALLREDUCE_FUSED = "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)"
-    NORM_DTYPES = (
-        "a norm whose weight or output dtype differs from the activations' in a way the fused op does not compute"
+    ACTIVATION_DTYPE = ("activation dtype the fused kernels do not take", "run the model in bfloat16 or float16")
+    HIDDEN_SIZE = (
+        "hidden size symbolic or not a multiple of 32",
+        "keep the hidden size static (and a multiple of 32)",
     )
-    NORM_KERNEL = "a norm lowered to an external kernel whose arithmetic mxfuse does not reproduce"
+    EPS_NOT_CONSTANT = (
+        "eps is not a graph constant",
+        "pass eps as a Python float (a 0-d host tensor also works)",
+    )
+    EPS_INVALID = ("eps is negative or NaN", "give the norm a non-negative eps")
+    WEIGHT_SHAPE = ("weight is not [K]", "keep the norm weight a 1-D [K] tensor")
+    RESIDUAL_MISMATCH = (
+        "residual differs from the input in shape or dtype",
+        "give the residual the input's shape and dtype",
+    )
+    DEVICE_MISMATCH = "input and weight on different devices"
+    NORM_ARITHMETIC = (
+        "a norm whose arithmetic differs from the fused op's (named in the reason)",
+        "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and `(n * (1 + w.float())).to(dtype)` "
+        "(Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm / rms_norm",
+    )
+    NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    ALLREDUCE_FUSED = (
+        "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)",
+        "none needed at decode: the compile ranges above max_token_num reach mxfuse as all_reduce -> norm and "
+        'fuse there; `"pass_config": {"fuse_allreduce_rms": false}` in vLLM\'s compilation config trades vLLM\'s '
+        "all-reduce fusion for mxfuse's norm->quant fusion in every range (README: Where it applies)",
+    )
+    NORM_DTYPES = (
+        "a norm whose weight or output dtype differs from the activations' in a way the fused op does not compute",
+        "give the norm weight the activations' dtype (bfloat16/float16) and cast the output back",
+    )
+    NORM_KERNEL = (
+        "a norm lowered to an external kernel whose arithmetic mxfuse does not reproduce",
+        "leave vLLM's IR priority for the norm at its default (native), e.g. VLLM_USE_OINK_OPS=0 or "
+        "VLLM_ROCM_USE_AITER_RMSNORM=0",
+    )
     NO_QUANT = "no MXFP8 quant reads the output"
     QUANT_UNSUPPORTED = "a quant the fused op cannot stand in for"
     REWRITE_FAILED = "the rewrite raised on this site (rolled back; the others still fused)"
@@ -75,20 +120,21 @@ class Reason:
 class FusionKind(Protocol):
     """What one applied rewrite did, as the report counts it (`str()`: the kind string).
 
-    rewrite: the rewrite's `name`; norm_kind: the norm's form and variant ("mxfuse:fused_add",
-    "hf:plain", ...), None when no norm is involved; fuses_norm: the norm went into a fused
-    kernel; writes_y: the norm's bf16 output still goes to memory (emitted, kept, or gathered
-    in bf16); packed_gather: an all-gather carries the packed MXFP8 buffer `[M, K + K/32]`.
+    rewrite: the rewrite's `name`; producer_kind: the producer's form and variant
+    ("mxfuse:fused_add", "hf:plain", ...: :attr:`ProducerMatch.kind`), None when no producer is
+    involved; fuses_producer: the producer went into a fused kernel; writes_y: the producer's
+    bf16 output still goes to memory (emitted, kept, or gathered in bf16); packed_gather: an
+    all-gather carries the packed MXFP8 buffer `[M, K + K/32]`.
     """
 
     @property
     def rewrite(self) -> str: ...
 
     @property
-    def norm_kind(self) -> str | None: ...
+    def producer_kind(self) -> str | None: ...
 
     @property
-    def fuses_norm(self) -> bool: ...
+    def fuses_producer(self) -> bool: ...
 
     @property
     def writes_y(self) -> bool: ...
@@ -102,18 +148,18 @@ class Skip:
     """A site a rewrite left alone, as planned (graph nodes; see :class:`SkipRecord`)."""
 
     rewrite: str
-    node: fx.Node  # the norm's output y, the quantized tensor (`quant_site`), or an all-reduce (scope GRAPH)
-    norm_kind: str | None  # None: the site is a quant input that is not a recognized norm, or the whole graph
+    node: fx.Node  # the producer's output y, the quantized tensor (`quant_site`), or an all-reduce (scope GRAPH)
+    producer_kind: str | None  # None: a quant input that is not a recognized producer, or the whole graph
     code: RefusalCode
     reason: str
     warn: str | None = None  # the line this site adds to its rewrite's one warning for the graph (None: none)
 
     @property
     def quant_site(self) -> bool:
-        return self.norm_kind is None and self.code.scope is Scope.SITE
+        return self.producer_kind is None and self.code.scope is Scope.SITE
 
     def record(self) -> SkipRecord:
-        return SkipRecord(self.rewrite, self.norm_kind, self.node.name, self.code, self.reason)
+        return SkipRecord(self.rewrite, self.producer_kind, self.node.name, self.code, self.reason)
 
 
 @dataclass(frozen=True)
@@ -121,16 +167,16 @@ class SkipRecord:
     """A site left alone, in the pass report (node by name: it outlives the graph)."""
 
     rewrite: str
-    norm_kind: str | None
+    producer_kind: str | None
     node: str
     code: RefusalCode
     reason: str
 
     @property
     def label(self) -> str:
-        """The norm kind, or the report's word for a site with no norm: "quant_input" / "whole_graph"."""
-        if self.norm_kind is not None:
-            return self.norm_kind
+        """The producer kind, or the report's word for a site with no producer: "quant_input" / "whole_graph"."""
+        if self.producer_kind is not None:
+            return self.producer_kind
         return "whole_graph" if self.code.scope is Scope.GRAPH else "quant_input"
 
     def as_dict(self) -> dict:
@@ -154,7 +200,9 @@ class Fusion(Protocol):
 class PlanSite(Protocol):
     """The pass's rule for planning one site: `plan()`, or a `Skip` of that site if it raises."""
 
-    def __call__(self, rewrite: str, node: fx.Node, norm_kind: str | None, plan: Callable[[], T], /) -> T | Skip: ...
+    def __call__(
+        self, rewrite: str, node: fx.Node, producer_kind: str | None, plan: Callable[[], T], /
+    ) -> T | Skip: ...
 
 
 class Rewrite(Protocol[F]):
@@ -165,11 +213,14 @@ class Rewrite(Protocol[F]):
     `apply` rewrites the graph as planned (maps the planned nodes through what earlier sites of
     the same run replaced) and returns None when the plan no longer holds. The pass builds the
     rewrites afresh for each graph. `warning_head`: the first line of the one warning the pass
-    logs for the `Skip.warn` lines of this rewrite ("" when it never warns).
+    logs for the `Skip.warn` lines of this rewrite ("" when it never warns). `undo`: what one
+    applied site may touch, so what the pass records to undo it: `Scope.SITE` (the nodes the
+    site edits, recorded as it goes) or `Scope.GRAPH` (a snapshot of the whole graph).
     """
 
     name: str
     warning_head: str
+    undo: Scope
 
     def plan(self, graph: fx.Graph, plan_site: PlanSite) -> Sequence[F | Skip]: ...
 

@@ -27,8 +27,11 @@ and their fake values are re-derived on the local rows.
 - Token counts W does not divide: padded (see `docs/sp_notes.md` for why pad, not skip).
   Static T with T % W == 0: no padding. Otherwise the partial sums (and replicated
   inputs) get zero rows up to W * ceil(T/W); zero rows stay zero through the add and
-  the norm (eps > 0); gathered values are cut back to T rows, and a quant reads the
-  padded gather and its codes/scales are cut (row-major scales are per row, so exact).
+  the norm (eps > 0); gathered values are cut back to T rows, and a quant op (mxfuse's or
+  vLLM's) reads the padded gather and its codes/scales are cut (row-major scales are per
+  row, so exact). Quants are read through :func:`.quants.quant_users` (every form); one that
+  is a chain of ATen nodes (torchao's) reads the cut rows like any other reader: it computes
+  on the T rows, exact, and rewrite 2 then sees `norm -> gather -> cut -> quant` (and leaves it).
 - All or nothing per graph: if any all-reduce of the graph cannot be rewritten, the
   graph is left exactly as it was with a :class:`Skip` saying which and why. Every
   decision reads only the graph (and the group's world size, the same on every rank),
@@ -45,9 +48,17 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import mxfuse.ops.sp_rows  # noqa: F401  (registers mxfuse::sp_local_rows, which the rewrite emits)
 from mxfuse.patterns.all_reduces import AllReduce, all_reduce_reason, is_all_reduce, match_all_reduce, world_size_of
-from mxfuse.patterns.fx_utils import call, fake, getitem_users, redirect_uses, refresh_eager_input_vals, static_int
+from mxfuse.patterns.fx_utils import (
+    call,
+    fake,
+    getitem_users,
+    known_fake,
+    redirect_uses,
+    refresh_eager_input_vals,
+    static_int,
+)
 from mxfuse.patterns.norms import NormMatch, find_norms
-from mxfuse.patterns.quants import match_quant
+from mxfuse.patterns.quants import QuantMatch, quant_users
 from mxfuse.patterns.results import PlanSite, RefusalCode, Scope, Skip
 from mxfuse.patterns.sp_emit import (
     Collectives,
@@ -90,8 +101,8 @@ class SequenceParallelKind:
     family: str  # "c10d" | "vllm"
     padded: bool
     rewrite = NAME
-    norm_kind = None
-    fuses_norm = False
+    producer_kind = None
+    fuses_producer = False
     writes_y = False
     packed_gather = False
 
@@ -175,14 +186,15 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
     starts = [n for n in graph.nodes if is_all_reduce(n)]
     if not starts:
         return None
-    ars = []
+    ars: list[AllReduce] = []
     for start in starts:
         ar = match_all_reduce(start)
         reason = all_reduce_reason(ar)
         if reason is not None:
             return _skip(start, SequenceParallelCode.ALL_REDUCE_FORM, reason)
+        assert ar is not None  # all_reduce_reason refuses None
         ars.append(ar)
-    groups = {(ar.family, ar.group_name) for ar in ars}
+    groups = {(ar.family, str(ar.group_name)) for ar in ars}  # all_reduce_reason: each a str
     if len(groups) != 1:
         return _skip(
             ars[0].start, SequenceParallelCode.ALL_REDUCE_GROUPS, f"all_reduces over several groups {sorted(groups)}"
@@ -192,7 +204,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
     if world is None or world < 2:
         why = "unknown (no collective or process group carries it)" if world is None else f"{world}: nothing to shard"
         return _skip(ars[0].start, SequenceParallelCode.WORLD_SIZE_UNKNOWN, f"world size of group {group!r} {why}")
-    rows = fake(ars[0].x).shape[0]
+    rows = known_fake(ars[0].x).shape[0]
 
     sharded = {ar.out for ar in ars}
     norms: list[NormMatch] = []
@@ -229,6 +241,7 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
     t = static_int(rows)
     pad = t is None or t % world != 0
     for node in [ar.out for ar in ars] + region_list:
+        placed = _padded_quants(node) if pad else {}
         for user in _outside_users(node, region):
             if user.op == "output":
                 continue
@@ -236,8 +249,8 @@ def plan_graph(graph: fx.Graph) -> SequenceParallelPlan | Skip | None:
                 return _skip(
                     ars[0].start, SequenceParallelCode.UNGATHERABLE, f"{node.name} has no tensor value to gather"
                 )
-            quant = match_quant(user)
-            if pad and quant is not None and quant.swizzled:
+            quant = placed.get(user)
+            if quant is not None and quant.swizzled:
                 return _skip(
                     ars[0].start,
                     SequenceParallelCode.SWIZZLED_PADDED,
@@ -268,7 +281,7 @@ def _rewrite(graph: fx.Graph, action: SequenceParallelPlan) -> fx.Node | None:
         with graph.inserting_after(anchor):
             full_rows = padded(graph, full, rows)
         with graph.inserting_after(full_rows):
-            args, flags = (full_rows, action.world_size, action.group_name), {"vllm": action.family == "vllm"}
+            args, flags = (full_rows, action.world_size, action.group_name), {"vllm": action.collectives.vllm}
             local[full] = call(graph, torch.ops.mxfuse.sp_local_rows.default, args, flags)
     for node in action.region:
         for old, new in local.items():
@@ -283,24 +296,38 @@ def _rewrite(graph: fx.Graph, action: SequenceParallelPlan) -> fx.Node | None:
     return local[action.all_reduces[-1].out]
 
 
-def _gather_for(graph, action, rows: Rows, full_node, local_node, users) -> None:
+def _padded_quants(node: fx.Node) -> dict[fx.Node, QuantMatch]:
+    """The quant ops reading `node` (of :func:`quant_users`, every form), by the node that reads it: with
+    padded rows they read the padded gather and their outputs are cut; other forms read the cut rows."""
+    return {q.reads: q for q in quant_users(node) if isinstance(q, QuantMatch)}
+
+
+def _gather_for(
+    graph: fx.Graph,
+    action: SequenceParallelPlan,
+    rows: Rows,
+    full_node: fx.Node,
+    local_node: fx.Node,
+    users: list[fx.Node],
+) -> None:
     """All-gather `local_node` for `users` (which read `full_node`); cut padding rows back off."""
+    placed = _padded_quants(full_node) if action.pad else {}
     with graph.inserting_after(local_node):
         gathered = all_gather(graph, action.collectives, local_node)
     cut_rows = None
     for user in users:
-        quant = match_quant(user) if action.pad else None
-        if quant is not None and quant.x is full_node:
+        quant = placed.get(user)
+        if quant is not None:
             _quant_on_padded(graph, quant.node, full_node, gathered, rows)
             continue
         if action.pad and cut_rows is None:
             with graph.inserting_after(gathered):
                 cut_rows = cut(graph, gathered, rows)
-        user.replace_input_with(full_node, cut_rows if action.pad else gathered)
+        user.replace_input_with(full_node, cut_rows if cut_rows is not None else gathered)
         refresh_eager_input_vals(user)
 
 
-def _quant_on_padded(graph, quant: fx.Node, full_node, gathered, rows: Rows) -> None:
+def _quant_on_padded(graph: fx.Graph, quant: fx.Node, full_node: fx.Node, gathered: fx.Node, rows: Rows) -> None:
     """The quant reads the padded gather (so sp_gather still sees norm -> gather -> quant);
     its codes and row-major scales are cut back to T rows (each row's scales are its own)."""
     quant.replace_input_with(full_node, gathered)
@@ -319,6 +346,8 @@ class SequenceParallelRewrite:
 
     name = NAME
     warning_head = ""
+    undo = Scope.GRAPH  # its one site is the whole graph, and it re-derives the metadata of nodes whose
+    # inputs it does not replace, which a site record does not see: the pass snapshots the graph
 
     def plan(self, graph: fx.Graph, plan_site: PlanSite) -> list[SequenceParallelPlan | Skip]:
         """The whole-graph decision (none: no all-reduce)."""

@@ -1,7 +1,7 @@
 """Graph-building helpers of the sequence-parallel rewrite: row counts, padding, its collectives.
 
 Every node gets its fake value (`meta["val"]`), computed in the graph's fake mode, so the
-rewrites after it (sp_gather, norm_quant) read shapes as they read a traced graph's.
+rewrites after it (sp_gather, producer_quant) read shapes as they read a traced graph's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from mxfuse.patterns.collectives import emit_collective
 from mxfuse.patterns.fx_utils import call, fake, fake_mode_of, refresh_eager_input_vals, static_int
 
 aten = torch.ops.aten
@@ -24,6 +25,10 @@ class Collectives:
     family: str  # "vllm" or "c10d"
     group_name: str
     world_size: int
+
+    @property
+    def vllm(self) -> bool:
+        return self.family == "vllm"
 
 
 @dataclass
@@ -81,21 +86,11 @@ def padded(graph: fx.Graph, x: fx.Node, rows: Rows) -> fx.Node:
 
 
 def reduce_scatter(graph: fx.Graph, action: Collectives, x: fx.Node) -> fx.Node:
-    w, group = action.world_size, action.group_name
-    if action.family == "vllm":
-        return call(graph, torch.ops.vllm.reduce_scatter.default, (x, 0, w, group))
-    c10d = torch.ops._c10d_functional
-    start = call(graph, c10d.reduce_scatter_tensor.default, (x, "sum", w, group))
-    return call(graph, c10d.wait_tensor.default, (start,))
+    return emit_collective(graph, action.family, "reduce_scatter", x, action.world_size, action.group_name)
 
 
 def all_gather(graph: fx.Graph, action: Collectives, x: fx.Node) -> fx.Node:
-    w, group = action.world_size, action.group_name
-    if action.family == "vllm":
-        return call(graph, torch.ops.vllm.all_gather.default, (x, 0, w, group))
-    c10d = torch.ops._c10d_functional
-    start = call(graph, c10d.all_gather_into_tensor.default, (x, w, group))
-    return call(graph, c10d.wait_tensor.default, (start,))
+    return emit_collective(graph, action.family, "all_gather", x, action.world_size, action.group_name)
 
 
 def cut(graph: fx.Graph, x: fx.Node, rows: Rows) -> fx.Node:

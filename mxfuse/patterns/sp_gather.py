@@ -7,7 +7,9 @@ not concatenate by rows. Collectives are recognized in both families by
 PyTorch `_c10d_functional.all_gather_into_tensor(x, group_size, group_name)` +
 `wait_tensor`); new collectives copy the found node's target, group and world size.
 
-Form A: a Gemma norm (any form of :mod:`.norms`) gathered in bf16, then quantized::
+Form A: a producer (a norm of any form of :mod:`.norms`; any family of
+:mod:`.producer_registry` with a packed row in `producers.FUSED_OPS`) gathered in bf16, then
+quantized::
 
     y, res_out = gemma_fused_add_rmsnorm(x, res, w, eps)           # local rows [M, K]
     g          = wait_tensor(all_gather_into_tensor(y, W, group))  # [W*M, K] bf16
@@ -25,8 +27,8 @@ Form A: a Gemma norm (any form of :mod:`.norms`) gathered in bf16, then quantize
     s  = mxfuse.mxfp8_swizzle_scales(s)                     # only for a quant that asked for swizzled
     (vLLM quant with swizzled scales: `aten.view(s, [-1])`, its flat layout)
 
-  The norm is fused only where rewrite 1 would fuse it (`fuse_norm_quant` on and
-  :func:`.norms.reject_reason` is None); otherwise the norm stays and
+  The producer is fused only where rewrite 1 would fuse it (`fuse_norm_quant` on and its
+  `reject_reason(packed=True)` is None); otherwise it stays and
   `mxfuse.mxfp8_quantize_packed(y)` packs its output. With `"mxfp8"` forced and other
   users of `g`, the bf16 gather is kept for them (and `y` emitted).
 
@@ -38,8 +40,8 @@ Form B: quantized BEFORE the gather, codes and scales gathered by two collective
 
   With swizzled scales this is WRONG (the gathered buffer is W tiles of pad128(M)
   rows each, not the tiles of the W*M gathered rows) and is always repaired: in
-  `"auto"`/`"mxfp8"` to the packed form above (norm fused when the quant reads a
-  norm, else `mxfp8_quantize_packed(x)`), in `"bf16"` to `q, s = quant(gather(x),
+  `"auto"`/`"mxfp8"` to the packed form above (producer fused when the quant reads a
+  producer, else `mxfp8_quantize_packed(x)`), in `"bf16"` to `q, s = quant(gather(x),
   swizzled)` with the quant node's own op and arguments. With row-major scales it is
   correct but two collectives: `"auto"`/`"mxfp8"` pack it into one, `"bf16"` leaves it.
 
@@ -51,6 +53,7 @@ not bf16/fp16, a vLLM quant that pads K, local codes/scales with other users.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -60,7 +63,7 @@ from torch import fx
 from mxfuse.ops.reference import QuantRule
 from mxfuse.patterns import sp_gather_apply
 from mxfuse.patterns.collectives import GatherMatch, collective_ops, match_all_gather
-from mxfuse.patterns.fx_utils import fake, is_call, static_int
+from mxfuse.patterns.fx_utils import BYTE_VIEWS, fake, is_call, static_int
 from mxfuse.patterns.gather_checks import (
     SpGatherCode,
     gather_reason,
@@ -68,9 +71,10 @@ from mxfuse.patterns.gather_checks import (
     rows_reason,
     shape_reads,
 )
-from mxfuse.patterns.norms import NormMatch, find_norms, match_norm
+from mxfuse.patterns.producer_registry import find_producers, match_producer
+from mxfuse.patterns.producers import ProducerMatch
 from mxfuse.patterns.quants import QuantMatch, QuantSite, find_quants, quant_reject_reason, quant_users
-from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, SharedCode, Skip
+from mxfuse.patterns.results import PlanSite, Reason, RefusalCode, Scope, SharedCode, Skip
 
 NAME = "sp_gather"
 MODES = ("auto", "bf16", "mxfp8")
@@ -78,7 +82,6 @@ MODES = ("auto", "bf16", "mxfp8")
 aten = torch.ops.aten
 # single-input view ops that may sit between a quant output and its gather (either side)
 _SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.cat.default)
-_VIEWS = (aten.view.dtype, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default)
 
 
 def _layout(swizzled: bool) -> str:
@@ -87,10 +90,10 @@ def _layout(swizzled: bool) -> str:
 
 @dataclass(frozen=True)
 class PackedGatherKind:
-    """Form A rewritten: `norm[(unfused)]->family_gather:mxfp8_packed:layouts[+bf16_gather]`."""
+    """Form A rewritten: `producer[(unfused)]->family_gather:mxfp8_packed:layouts[+bf16_gather]`."""
 
-    norm_kind: str
-    fuses_norm: bool
+    producer_kind: str
+    fuses_producer: bool
     writes_y: bool
     layout: str  # "rowmajor" | "swizzled" | "rowmajor+swizzled"
     gather_form: str  # "c10d" | "vllm"
@@ -99,7 +102,7 @@ class PackedGatherKind:
     packed_gather = True
 
     def __str__(self) -> str:
-        src = self.norm_kind if self.fuses_norm else f"{self.norm_kind}(unfused)"
+        src = self.producer_kind if self.fuses_producer else f"{self.producer_kind}(unfused)"
         extra = "+bf16_gather" if self.keeps_bf16_gather else ""
         return f"{src}->{self.gather_form}_gather:mxfp8_packed:{self.layout}{extra}"
 
@@ -109,8 +112,8 @@ class GatheredQuantKind:
     """Form B rewritten: `repair:swizzled` (swizzled codes/scales gathered) or `two_gathers:rowmajor`,
     then `:family_gather->mxfp8_packed | bf16_gather`."""
 
-    norm_kind: str | None
-    fuses_norm: bool
+    producer_kind: str | None
+    fuses_producer: bool
     writes_y: bool
     packed_gather: bool
     swizzled: bool
@@ -125,17 +128,17 @@ class GatheredQuantKind:
 
 @dataclass(frozen=True)
 class PackedGather:
-    """Form A in mxfp8: norm -> one packed gather -> views for the quant(s)."""
+    """Form A in mxfp8: producer -> one packed gather -> views for the quant(s)."""
 
-    norm: NormMatch
+    producer: ProducerMatch
     gather: GatherMatch
     quants: tuple[QuantSite, ...]
-    fuse_norm: bool
+    fuse: bool  # the producer goes into the packed fused op
     keep_bf16_gather: bool
 
     @property
     def site(self) -> fx.Node:
-        return self.norm.y
+        return self.producer.y
 
     @property
     def replaced(self) -> list[fx.Node]:
@@ -144,15 +147,15 @@ class PackedGather:
 
     @property
     def keep_y(self) -> bool:
-        """The norm's bf16 y is still needed: unfused, kept for the bf16 gather, or read elsewhere."""
-        others = any(u is not self.gather.start for u in self.norm.y.users)
-        return not self.fuse_norm or self.keep_bf16_gather or others
+        """The producer's bf16 y is still needed: unfused, kept for the bf16 gather, or read elsewhere."""
+        others = any(u is not self.gather.start for u in self.producer.y.users)
+        return not self.fuse or self.keep_bf16_gather or others
 
     @property
     def kind(self) -> PackedGatherKind:
         layout = "+".join(sorted({_layout(q.swizzled) for q in self.quants}))
         return PackedGatherKind(
-            self.norm.kind, self.fuse_norm, self.keep_y, layout, self.gather.form, self.keep_bf16_gather
+            self.producer.kind, self.fuse, self.keep_y, layout, self.gather.form, self.keep_bf16_gather
         )
 
 
@@ -161,13 +164,13 @@ class GatheredQuant:
     """Form B: a quant whose codes and scales each cross an all-gather."""
 
     quant: QuantMatch
-    norm: NormMatch | None  # the norm the quant reads, if any
+    producer: ProducerMatch | None  # the producer the quant reads, if any
     codes_gather: GatherMatch
     codes_out: fx.Node  # the node consumers read the gathered codes from
     scales_gather: GatherMatch
     scales_out: fx.Node
     to: str  # "mxfp8" (one packed gather) or "bf16" (gather the input, quant after)
-    fuse_norm: bool
+    fuse: bool  # the producer goes into the packed fused op
 
     @property
     def site(self) -> fx.Node:
@@ -179,11 +182,11 @@ class GatheredQuant:
 
     @property
     def kind(self) -> GatheredQuantKind:
-        norm_kind = self.norm.kind if self.norm is not None else None
+        producer_kind = self.producer.kind if self.producer is not None else None
         return GatheredQuantKind(
-            norm_kind=norm_kind,
-            fuses_norm=self.fuse_norm,
-            writes_y=self.to == "bf16" or (norm_kind is not None and not self.fuse_norm),
+            producer_kind=producer_kind,
+            fuses_producer=self.fuse,
+            writes_y=self.to == "bf16" or (producer_kind is not None and not self.fuse),
             packed_gather=self.to == "mxfp8",
             swizzled=self.quant.swizzled,
             quant_form=self.quant.form,
@@ -191,9 +194,9 @@ class GatheredQuant:
         )
 
 
-def _skip(norm: NormMatch | None, node: fx.Node, reason: Reason) -> Skip:
-    """A skip at a norm, or at a quant input that is not a norm (`norm` None)."""
-    return Skip(NAME, node, norm.kind if norm is not None else None, reason.code, reason.text)
+def _skip(producer: ProducerMatch | None, node: fx.Node, reason: Reason) -> Skip:
+    """A skip at a producer, or at a quant input that is not a producer (`producer` None)."""
+    return Skip(NAME, node, producer.kind if producer is not None else None, reason.code, reason.text)
 
 
 def packed_reason(quant: QuantSite) -> Reason | None:
@@ -208,10 +211,12 @@ def packed_reason(quant: QuantSite) -> Reason | None:
 
 
 class SpGather:
-    """Rewrite 2 (see the module docstring), built with its mode and whether it may fuse the norm."""
+    """Rewrite 2 (see the module docstring), built with its mode and whether it may fuse the producer
+    (`fuse_norm`: the option `fuse_norm_quant`)."""
 
     name = NAME
     warning_head = ""
+    undo = Scope.SITE
 
     def __init__(self, mode: str = "auto", fuse_norm: bool = True):
         if mode not in MODES:
@@ -223,63 +228,71 @@ class SpGather:
         """Decide every rewrite without touching the graph."""
         if not any(graph.find_nodes(op="call_function", target=op) for op in collective_ops()):
             return []
-        planned: list = []
+        planned: list[PackedGather | GatheredQuant | Skip] = []
         for quant in find_quants(graph):
             site = quant.x if isinstance(quant.x, fx.Node) else quant.node
-            verdict = plan_site(NAME, site, None, lambda q=quant: self.plan_gathered_quant(q))
+            verdict = plan_site(NAME, site, None, partial(self.plan_gathered_quant, quant))
             if verdict is not None:
                 planned.append(verdict)
-        for norm in find_norms(graph):
-            for user in list(norm.y.users):
+        for producer in find_producers(graph):
+            y = producer.y
+            for user in list(y.users):
                 gather = match_all_gather(user)
-                if gather is not None and gather.x is norm.y:
-                    planned.append(plan_site(NAME, norm.y, norm.kind, partial(self.plan_norm_gather, norm, gather)))
+                if gather is not None and gather.x is y:
+                    plan = partial(self.plan_producer_gather, producer, gather)
+                    planned.append(plan_site(NAME, y, producer.kind, plan))
         return planned
 
     def apply(self, graph: fx.Graph, fusion: PackedGather | GatheredQuant) -> fx.Node | None:
         """Rewrite one planned site; returns the new collective (None: the plan no longer applies)."""
+        producer: ProducerMatch | None
         if isinstance(fusion, PackedGather):
-            norm = fusion.norm.moved(self._moved)
-            if fusion.gather.start not in norm.y.users:
+            producer = fusion.producer.moved(self._moved)
+            if fusion.gather.start not in producer.y.users:
                 return None
             done = sp_gather_apply.apply_packed_gather(
-                graph, norm, fusion.gather, fusion.quants, fusion.fuse_norm, fusion.keep_bf16_gather, fusion.keep_y
+                graph, producer, fusion.gather, fusion.quants, fusion.fuse, fusion.keep_bf16_gather, fusion.keep_y
             )
         else:
-            norm = fusion.norm.moved(self._moved) if fusion.norm is not None and fusion.fuse_norm else None
+            producer = fusion.producer.moved(self._moved) if fusion.producer is not None and fusion.fuse else None
             done = sp_gather_apply.apply_gathered_quant(
                 graph,
                 fusion.quant,
-                norm,
+                producer,
                 (fusion.codes_gather, fusion.codes_out),
                 (fusion.scales_gather, fusion.scales_out),
                 fusion.to,
             )
-        gathered, residual = done
-        if residual is not None and norm is not None and norm.residual_out is not None:
-            self._moved[norm.residual_out] = residual
+        gathered, sides = done
+        if producer is not None:
+            for name, node in producer.side_outputs().items():
+                if name in sides:  # the fused op's output now stands for it
+                    self._moved[node] = sides[name]
         return gathered
 
-    def _can_fuse(self, norm: NormMatch | None) -> bool:
-        return norm is not None and self.fuse_norm and norm.reject_reason(packed=True) is None
+    def _can_fuse(self, producer: ProducerMatch | None) -> bool:
+        return producer is not None and self.fuse_norm and producer.reject_reason(packed=True) is None
 
-    def plan_norm_gather(self, norm: NormMatch, gather: GatherMatch) -> PackedGather | Skip:
-        """Form A: a norm whose output y is all-gathered, then quantized."""
-        return _plan_norm_gather(norm, gather, self.mode, self._can_fuse(norm))
+    def plan_producer_gather(self, producer: ProducerMatch, gather: GatherMatch) -> PackedGather | Skip:
+        """Form A: a producer whose output y is all-gathered, then quantized."""
+        return _plan_producer_gather(producer, gather, self.mode, self._can_fuse(producer))
 
     def plan_gathered_quant(self, quant: QuantSite) -> GatheredQuant | Skip | None:
         """Form B: a quant whose codes and scales cross all-gathers (None: not this form)."""
         return _plan_gathered_quant(quant, self.mode, self._can_fuse)
 
 
-def _plan_norm_gather(norm: NormMatch, gather: GatherMatch, mode: str, can_fuse: bool) -> PackedGather | Skip:
+def _plan_producer_gather(
+    producer: ProducerMatch, gather: GatherMatch, mode: str, can_fuse: bool
+) -> PackedGather | Skip:
+    y = producer.y
 
     def no(code: RefusalCode, text: str) -> Skip:
-        return _skip(norm, norm.y, Reason(code, text))
+        return _skip(producer, y, Reason(code, text))
 
-    reason = rows_reason(fake(norm.y), "norm output") or gather_reason(gather)
+    reason = rows_reason(fake(y), "norm output") or gather_reason(gather)
     if reason is not None:
-        return _skip(norm, norm.y, reason)
+        return _skip(producer, y, reason)
     quants = quant_users(gather.out)
     if not quants:
         if any(is_call(u, *_SPLITS) for u in gather.out.users):
@@ -290,7 +303,9 @@ def _plan_norm_gather(norm: NormMatch, gather: GatherMatch, mode: str, can_fuse:
         return no(SharedCode.NO_QUANT, "no MXFP8 quant reads the gathered rows")
     usable = tuple(q for q in quants if quant_reject_reason(q) is None and packed_reason(q) is None)
     if not usable:
-        return _skip(norm, norm.y, quant_reject_reason(quants[0]) or packed_reason(quants[0]))
+        refused = quant_reject_reason(quants[0]) or packed_reason(quants[0])
+        assert refused is not None  # no quant is usable
+        return _skip(producer, y, refused)
     if mode == "bf16":
         return no(
             SpGatherCode.MODE_KEEPS, "sp_gather='bf16': the gather carries bf16 and the quant runs after it (kept)"
@@ -308,14 +323,14 @@ def _plan_norm_gather(norm: NormMatch, gather: GatherMatch, mode: str, can_fuse:
             SpGatherCode.OTHER_USERS,
             f"sp_gather='auto': the gathered bf16 has other users ({names}); it stays a bf16 gather",
         )
-    return PackedGather(norm, gather, usable, can_fuse, bool(others))
+    return PackedGather(producer, gather, usable, can_fuse, bool(others))
 
 
 def _through_views(node: fx.Node) -> fx.Node:
     """Follow single-user view ops from `node`; returns the last node of the chain."""
     while len(node.users) == 1:
         (user,) = node.users
-        if is_call(user, *_VIEWS) and user.args[0] is node:
+        if is_call(user, *BYTE_VIEWS) and user.args[0] is node:
             node = user
         else:
             break
@@ -335,19 +350,21 @@ def gather_chain(node: fx.Node | None) -> tuple[GatherMatch, fx.Node] | None:
     return gather, _through_views(gather.out)
 
 
-def _plan_gathered_quant(quant: QuantSite, mode: str, can_fuse) -> GatheredQuant | Skip | None:
+def _plan_gathered_quant(
+    quant: QuantSite, mode: str, can_fuse: Callable[[ProducerMatch | None], bool]
+) -> GatheredQuant | Skip | None:
     codes_chain, scales_chain = gather_chain(quant.codes), gather_chain(quant.scales)
     if codes_chain is None and scales_chain is None:
         return None
-    norm = match_norm(quant.x) if isinstance(quant.x, fx.Node) else None
-    site = norm.y if norm is not None else quant.x
+    producer = match_producer(quant.x)
+    site = producer.y if producer is not None else quant.x
     what = "swizzled" if quant.swizzled else "row-major"
     if not isinstance(quant, QuantMatch):  # torchao's chain: its codes/scales gathered
         text = f"a {quant.form} quant's codes/scales cross an all-gather; the rewrite repairs only quant ops"
-        return _skip(norm, site, Reason(SharedCode.QUANT_UNSUPPORTED, text))
+        return _skip(producer, site, Reason(SharedCode.QUANT_UNSUPPORTED, text))
     if codes_chain is None or scales_chain is None:
         text = f"only one of the {what} quant's codes/scales crosses an all-gather (or has other users)"
-        return _skip(norm, site, Reason(SpGatherCode.PARTIAL_GATHER, text))
+        return _skip(producer, site, Reason(SpGatherCode.PARTIAL_GATHER, text))
     (cg, codes_out), (sg, scales_out) = codes_chain, scales_chain
     reason = rows_reason(fake(quant.x), "quant input") or quant_reject_reason(quant)
     reason = reason or gather_reason(cg) or gather_reason(sg)
@@ -356,12 +373,13 @@ def _plan_gathered_quant(quant: QuantSite, mode: str, can_fuse) -> GatheredQuant
         reason = Reason(SpGatherCode.GROUP_MISMATCH, text)
     if reason is None and (shape_reads(sg) or shape_reads(sg, True) or shape_reads(cg, True)):
         reason = Reason(SpGatherCode.SHAPE_READS, "shape reads of the gathered scales (or of the codes along dim != 0)")
-    if reason is None:
-        reason = gathered_shapes_reason(quant, codes_out, scales_out, static_int(cg.world_size))
+    world_size = static_int(cg.world_size)
+    if reason is None and world_size is not None:  # gather_reason refused a world size that is not static
+        reason = gathered_shapes_reason(quant, codes_out, scales_out, world_size)
     if reason is not None:
-        return _skip(norm, site, reason.prefixed(f"{what} quant before an all-gather: "))
+        return _skip(producer, site, reason.prefixed(f"{what} quant before an all-gather: "))
     if mode == "bf16" and not quant.swizzled:
         text = "sp_gather='bf16': codes and row-major scales gathered separately are exact (kept)"
-        return _skip(norm, site, Reason(SpGatherCode.MODE_KEEPS, text))
+        return _skip(producer, site, Reason(SpGatherCode.MODE_KEEPS, text))
     to = "bf16" if mode == "bf16" else "mxfp8"
-    return GatheredQuant(quant, norm, cg, codes_out, sg, scales_out, to, can_fuse(norm) and to == "mxfp8")
+    return GatheredQuant(quant, producer, cg, codes_out, sg, scales_out, to, can_fuse(producer) and to == "mxfp8")
