@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from torch import fx
 
+from mxfuse.patterns.act_mul import act_mul_candidates, match_act_mul
 from mxfuse.patterns.norms import match_norm, norm_candidates
 from mxfuse.patterns.producers import ProducerMatch
 
@@ -26,7 +27,10 @@ class Recognizer(NamedTuple):
     candidates: Callable[[fx.Graph], Collection[fx.Node]]
 
 
-PRODUCER_RECOGNIZERS: tuple[Recognizer, ...] = (Recognizer(match_norm, norm_candidates),)
+PRODUCER_RECOGNIZERS: tuple[Recognizer, ...] = (
+    Recognizer(match_norm, norm_candidates),
+    Recognizer(match_act_mul, act_mul_candidates),
+)
 """Tried in order; the first match wins."""
 
 

@@ -84,6 +84,9 @@ FUSED_OPS: dict[tuple[str, bool, bool], FusedOp] = {
     # the standard norm's packed forms: the Gemma-named packed ops with weight_offset=0.0
     ("rms_norm", False, True): FusedOp("gemma_rmsnorm_mxfp8_packed", (*_PACKED, "y")),
     ("rms_norm", True, True): FusedOp("gemma_fused_add_rmsnorm_mxfp8_packed", (*_PACKED, *_RES, "y")),
+    # act·mul (mxfuse/ops/act_mul.py): a [..., 2I] gate_up, or gate and up as two tensors; no packed form
+    ("act_mul", False, False): FusedOp("act_mul_mxfp8", (*_QUANT, "y")),
+    ("act_mul_pair", False, False): FusedOp("act_mul_pair_mxfp8", (*_QUANT, "y")),
 }
 """The one map from a producer to the `torch.ops.mxfuse` op fusing it with the quant."""
 
