@@ -163,7 +163,7 @@ def test_other_constants_are_no_gelu():
         inner = 0.7978845608028654 * (x + 0.05 * (x * x * x))
         return ((x * 0.5) * (1 + torch.tanh(inner))).to(g.dtype) * u
 
-    before, after, report = run_pass(quantized(not_gelu), gate, up)
+    _, after, _ = run_pass(quantized(not_gelu), gate, up)
     assert op_counts(after.graph)[QUANT] == 1 and op_counts(after.graph)[PAIR] == 0
 
 
