@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import operator
 import re
 import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import fx
+
+from mxfuse.patterns.fx_utils import op_name
 
 CPP_KERNELS = "Inductor C++ kernels (cpp_fused_*)"
 TRITON_KERNELS = "Inductor Triton kernels (triton_*.run)"
@@ -85,19 +86,6 @@ def total_launches(counts: collections.Counter) -> int:
     return sum(n for what, n in counts.items() if what not in NOT_LAUNCHES)
 
 
-def op_name(node: fx.Node) -> str | None:
-    """`ns::op` of a call node (`hop(ns::op)` for a higher-order op); None for getitem and non-calls."""
-    if node.op != "call_function" or node.target is operator.getitem:
-        return None
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target.name()  # e.g. "mxfuse::mxfp8_quantize"
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        inner = node.args[0]
-        return f"{target.name()}({inner.name() if hasattr(inner, 'name') else inner})"
-    return getattr(target, "__name__", str(target))
-
-
 def op_counts(graph: fx.Graph) -> collections.Counter:
-    """`{op name: nodes}` of an FX graph (names as `op_name` gives them)."""
+    """`{op name: nodes}` of an FX graph (names as `fx_utils.op_name` gives them)."""
     return collections.Counter(filter(None, map(op_name, graph.nodes)))

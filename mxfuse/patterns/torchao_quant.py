@@ -20,14 +20,9 @@ blocked (F8_128x4) scales. For a bf16 amax both spellings give the exact `ceil(l
 448))` of docs/design.md ("The E8M0 scale of a block"); NaN and scale byte 0 differ from the
 default encoding: :attr:`QuantRule.TORCHAO`.
 
-The chain is declared as Inductor pattern trees (`CallFunction` / `KeywordArg`, each
-spelling from one factory, as `torch/_inductor/fx_passes/micro_pipeline_tp.py` does):
-:func:`_quant_patterns` (head -> codes and scales, one `MultiOutputPattern` whose later
-outputs Inductor finds forward from the head), :func:`_exponent_patterns` (the two
-spellings of `e`), :func:`_descale_pattern` and :func:`_blocked_patterns` (the views and
-permutes of `to_blocked`, a `clone` after a permute or not). Scalars match as literals or
-as the `scalar_tensor` / 0-d `full` nodes decompositions make of them (:class:`Scalar`);
-sizes are read through fake shapes after the match (any K, dynamic M). Two steps stay
+The chain is declared as Inductor pattern trees in :mod:`.torchao_patterns` (head -> codes
+and scales, the two spellings of `e`, the descale, `to_blocked`); this module matches them
+and checks the sizes through fake shapes after the match (any K, dynamic M). Two steps stay
 hand-walked because Inductor's rewriting leaves them no fixed shape: the zero padding
 before `to_blocked` (which of its `copy` / `slice_scatter` writes survive depends on
 whether M and S are already multiples of 128 and 4: :func:`_zero_padded`) and the
@@ -38,43 +33,30 @@ leaving it dead.
 
 from __future__ import annotations
 
-import enum
-import functools
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
-from torch._inductor.pattern_matcher import (
-    MULTIPLE,
-    CallFunction,
-    FailedMatch,
-    KeywordArg,
-    Match,
-    MatchContext,
-    MatchResult,
-    MultiOutputPattern,
-    PatternExpr,
-)
+from torch._inductor.pattern_matcher import Match
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.utils._ordered_set import OrderedSet
 
-from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, FP8_MAX, SWIZZLE_COLUMN_TILE, padded_rows, round_up
-from mxfuse.ops.reference import E8M0_NAN, QuantRule
-from mxfuse.patterns.fx_utils import call, fake, is_call, redirect_uses, static_int
+from mxfuse.ops.mx_layout import BLOCK, SWIZZLE_COLUMN_TILE, padded_rows, round_up
+from mxfuse.ops.reference import QuantRule
+from mxfuse.patterns.fx_utils import RESHAPES, call, fake, is_call, known_fake, redirect_uses, static_int
+from mxfuse.patterns.torchao_patterns import (
+    ScaleSpelling,
+    blocked_patterns,
+    descale_pattern,
+    exponent_patterns,
+    match_forward,
+    quant_patterns,
+    scalar_value,
+)
 
-aten, prims = torch.ops.aten, torch.ops.prims
+aten = torch.ops.aten
 FORM = "torchao"
 _PTX_RCEIL = "cvt.rp.satfinite.ue8m0x2.f32"
-_VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
-
-
-class ScaleSpelling(enum.Enum):
-    """How the matched chain computes the E8M0 byte (same bits for a bf16 amax)."""
-
-    LOG2 = "log2"  # torch.ceil(torch.log2(descale)) with where() for NaN / Inf
-    PTX = "ptx"  # inline_asm_elementwise("cvt.rp.satfinite.ue8m0x2.f32"), torchao on sm100
 
 
 @dataclass(frozen=True)
@@ -107,7 +89,7 @@ class TorchaoQuantMatch:
         Inserts the views torchao's readers expect (`[M, K]`; e8m0fnu, flat when blocked)
         just before the old nodes; the decomposed chain is left without users.
         """
-        k = _fake(self.codes).shape[-1]
+        k = known_fake(self.codes).shape[-1]
         with graph.inserting_before(self.codes):
             new_codes = call(graph, aten.reshape.default, (codes, [-1, k]))
         with graph.inserting_before(self.scales):
@@ -121,7 +103,7 @@ class TorchaoQuantMatch:
 def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
     """The torchao MXFP8 (e4m3, RCEIL, block 32) quant whose `[M, K/32, 32]` reshape is `head`."""
     h = fake(head)
-    if not is_call(head, *_VIEWS) or h is None or h.dtype != torch.bfloat16 or h.dim() < 2:
+    if not is_call(head, *RESHAPES) or h is None or h.dtype != torch.bfloat16 or h.dim() < 2:
         return None  # bf16 only: for fp32 input torchao's float log2 is not the exact ceiling
     if static_int(h.shape[-1]) != BLOCK:
         return None
@@ -151,7 +133,7 @@ def match_torchao_quant(head: fx.Node) -> TorchaoQuantMatch | None:
 
 def torchao_heads(graph: fx.Graph) -> list[fx.Node]:
     """The nodes a torchao quant can be anchored at (its `[M, K/32, 32]` reshape), unordered."""
-    return [n for op in _VIEWS for n in graph.find_nodes(op="call_function", target=op)]
+    return [n for op in RESHAPES for n in graph.find_nodes(op="call_function", target=op)]
 
 
 def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
@@ -162,162 +144,9 @@ def torchao_quant_users(node: fx.Node) -> list[TorchaoQuantMatch]:
             match = match_torchao_quant(user)
             if match is not None:
                 found.append(match)
-            elif is_call(user, *_VIEWS):
+            elif is_call(user, *RESHAPES):
                 work.append(user)
     return sorted((m for m in found if m.x is node), key=lambda m: m.node)  # FX orders nodes by graph position
-
-
-# --------------------------------------------------------------------------- the pattern trees
-
-
-class Scalar(PatternExpr):
-    """A scalar operand equal to `value`: a literal, or the `scalar_tensor(value)` / 0-d
-    `full([], value)` node a decomposition makes of `where`'s scalar operand."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__()
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"Scalar({self.value!r})"
-
-    def _match(self, node: Any, ctx: MatchContext) -> MatchResult:
-        if _scalar(node) == self.value:
-            return Match(ctx, self)
-        return FailedMatch("{} is not the scalar {}", node, self.value)
-
-    def pattern_eq(self, other: Any) -> bool:
-        return super().pattern_eq(other) and self.value == other.value
-
-
-def _op(target: Any, *args: Any, **kwargs: Any) -> CallFunction:
-    """A call of `target` (or of any of a tuple of targets) whatever its users: the chain's nodes
-    may be read elsewhere too (replacing codes and scales then leaves those readers alone)."""
-    return CallFunction(target, *args, _users=MULTIPLE, **kwargs)
-
-
-def _convert(x: PatternExpr, dtype: torch.dtype) -> CallFunction:
-    return _op(prims.convert_element_type.default, x, dtype)
-
-
-def _where(cond: PatternExpr, a: Any, b: PatternExpr) -> CallFunction:
-    return _op(aten.where.self, cond, a, b)
-
-
-def _eq(x: PatternExpr, value: int) -> CallFunction:
-    return _op(aten.eq.Scalar, x, Scalar(value))
-
-
-def _clamps(x: PatternExpr, low: float, high: float) -> list[CallFunction]:
-    """Both spellings of `x` clamped to `[low, high]`: one `clamp`, or `clamp_max(clamp_min(x))`."""
-    return [
-        _op(aten.clamp.default, x, Scalar(low), Scalar(high)),
-        _op(aten.clamp_max.default, _op(aten.clamp_min.default, x, Scalar(low)), Scalar(high)),
-    ]
-
-
-@functools.cache
-def _quant_patterns() -> tuple[MultiOutputPattern, ...]:
-    """`[head, codes, scales]` of the chain, every spelling of the codes' clamp and of an `alias`
-    before the scales' squeeze; `e` and `d` stay keyword args, checked by the patterns below."""
-    head = _op(_VIEWS, KeywordArg("rows"), KeywordArg("head_shape"))
-    exponent, descale = KeywordArg("exponent"), KeywordArg("descale")
-    multiplier = _where(
-        _eq(exponent, E8M0_NAN),
-        descale,
-        _where(
-            _eq(exponent, 254),
-            Scalar(2.0**-127),
-            _where(
-                _eq(exponent, 0),
-                Scalar(1.0),
-                _op(aten.exp2.default, _op(aten.sub.Tensor, Scalar(127), _convert(exponent, torch.float32))),
-            ),
-        ),
-    )
-    scaled = _op(aten.mul.Tensor, _convert(head, torch.float32), multiplier)
-    byte_view = _op(aten.view.dtype, exponent, torch.float8_e8m0fnu)
-    squeezes = [
-        _op(aten.squeeze.dim, byte_view, KeywordArg("squeeze_dim")),
-        _op(aten.squeeze.dim, _op(aten.alias.default, byte_view), KeywordArg("squeeze_dim")),
-    ]
-    return tuple(
-        MultiOutputPattern([head, _op(_VIEWS, _convert(clamped, FP8_DTYPE), KeywordArg("codes_shape")), scales])
-        for clamped, scales in itertools.product(_clamps(scaled, -FP8_MAX, FP8_MAX), squeezes)
-    )
-
-
-@functools.cache
-def _descale_pattern() -> CallFunction:
-    """`d = div(convert(unsqueeze(amax(abs(head), dims), dim), f32), 448.0)`."""
-    amax = _op(aten.amax.default, _op(aten.abs.default, KeywordArg("head")), KeywordArg("amax_dims"))
-    return _op(
-        aten.div.Tensor,
-        _convert(_op(aten.unsqueeze.default, amax, KeywordArg("unsqueeze_dim")), torch.float32),
-        Scalar(FP8_MAX),
-    )
-
-
-@functools.cache
-def _exponent_patterns() -> tuple[tuple[ScaleSpelling, CallFunction], ...]:
-    """The E8M0 byte `e` of `d` in each spelling (the log2 one in both clamp spellings)."""
-    log2 = [
-        _where(
-            _op(aten.isnan.default, KeywordArg("descale")),
-            Scalar(E8M0_NAN),
-            _where(
-                _op(aten.isinf.default, KeywordArg("descale")),
-                Scalar(254),
-                _convert(_op(aten.add.Tensor, clamped, Scalar(127)), torch.uint8),
-            ),
-        )
-        for clamped in _clamps(_op(aten.ceil.default, _op(aten.log2.default, KeywordArg("descale"))), -127, 127)
-    ]
-    patterns = [(ScaleSpelling.LOG2, p) for p in log2]
-    hop = _inline_asm()
-    if hop is not None:  # torch < 2.12 has no inline asm, and torchao then never emits it
-        ptx = _op(hop, KeywordArg("descale"), asm_str=KeywordArg("asm"), dtype=torch.uint16)
-        patterns.append((ScaleSpelling.PTX, _convert(ptx, torch.uint8)))
-    return tuple(patterns)
-
-
-def _inline_asm() -> Any:
-    try:
-        from torch._higher_order_ops.inline_asm_elementwise import inline_asm_elementwise
-    except ImportError:
-        return None
-    return inline_asm_elementwise
-
-
-@functools.cache
-def _blocked_patterns() -> tuple[tuple[CallFunction, KeywordArg], ...]:
-    """torchao's `to_blocked` after the padding, as compiled, with its leaf (the padded scales):
-    views `[R/128, 128, C/4, 4]`, permutes (0, 2, 1, 3), views `[-1, 4, 32, 4]`, swaps dims 1
-    and 2, views `[-1, 32, 16]`, flattens; Inductor puts a `clone` after either permute where it
-    likes. Sizes are checked on the fake shapes (:func:`_is_blocked`)."""
-
-    def swap_1_2(x: PatternExpr, clone: bool) -> CallFunction:
-        swapped = _op(aten.permute.default, x, [0, 2, 1, 3])
-        return _op(aten.clone.default, swapped) if clone else swapped
-
-    patterns = []
-    for first_clone, second_clone in itertools.product((False, True), repeat=2):
-        padded = KeywordArg("padded")
-        tiles = swap_1_2(_op(_VIEWS, padded, KeywordArg("tiles")), first_clone)
-        blocks = swap_1_2(_op(_VIEWS, tiles, KeywordArg("blocks")), second_clone)
-        patterns.append((_op(_VIEWS, _op(_VIEWS, blocks, KeywordArg("rows32")), KeywordArg("flat")), padded))
-    return tuple(patterns)
-
-
-def _match_forward(pattern: PatternExpr, leaf: PatternExpr, node: fx.Node) -> Match | None:
-    """`pattern` matched at a node reached forward from `node`, which its `leaf` stands for:
-    Inductor's own search for the later outputs of a `MultiOutputPattern`."""
-    anchors = pattern.find_anchor_nodes(MatchContext([pattern], {leaf: node}, graph=node.graph), OrderedSet())
-    for anchor in list(anchors):
-        found = MatchContext([pattern], {leaf: node}, graph=node.graph).match(pattern, anchor)
-        if isinstance(found, Match):
-            return found
-    return None
 
 
 # --------------------------------------------------------------------------- the guards
@@ -325,7 +154,7 @@ def _match_forward(pattern: PatternExpr, leaf: PatternExpr, node: fx.Node) -> Ma
 
 def _match_chain(head: fx.Node) -> Match | None:
     """The first spelling of :func:`_quant_patterns` that matches at `head` and passes the guards."""
-    for pattern in _quant_patterns():
+    for pattern in quant_patterns():
         found = pattern.match(head)
         if isinstance(found, Match) and _is_rows_quant(found, head):
             return found
@@ -336,7 +165,7 @@ def _is_rows_quant(found: Match, head: fx.Node) -> bool:
     """The matched chain quantizes `head`'s rows of 32, its codes have the shape of the rows
     before the head, and its descale is `amax / 448` of `head` over its last dim."""
     codes, rows = found.output_nodes()[1], fake(found.kwargs["rows"])
-    descale = _descale_pattern().match(found.kwargs["descale"])
+    descale = descale_pattern().match(found.kwargs["descale"])
     return (
         isinstance(descale, Match)
         and descale.kwargs["head"] is head
@@ -349,7 +178,7 @@ def _is_rows_quant(found: Match, head: fx.Node) -> bool:
 
 
 def _exponent_spelling(exponent: fx.Node, descale: fx.Node) -> ScaleSpelling | None:
-    for spelling, pattern in _exponent_patterns():
+    for spelling, pattern in exponent_patterns():
         found = pattern.match(exponent)
         if not isinstance(found, Match) or found.kwargs["descale"] is not descale:
             continue
@@ -367,8 +196,8 @@ def _to_blocked(scales: fx.Node) -> fx.Node | None:
     padded = _zero_padded(scales)
     if padded is None:
         return None
-    for pattern, leaf in _blocked_patterns():
-        found = _match_forward(pattern, leaf, padded)
+    for pattern, leaf in blocked_patterns():
+        found = match_forward(pattern, leaf, padded)
         if found is not None and _is_blocked(found):
             return found.output_node()
     return None
@@ -376,7 +205,7 @@ def _to_blocked(scales: fx.Node) -> fx.Node | None:
 
 def _is_blocked(found: Match) -> bool:
     """The four views of a match of :func:`_blocked_patterns` have to_blocked's sizes."""
-    views = [n for n in found.nodes if is_call(n, *_VIEWS)]
+    views = [n for n in found.nodes if is_call(n, *RESHAPES)]
     sizes: tuple[tuple[dict[int, int], int], ...] = (
         ({1: 128, 3: 4}, 4),
         ({1: 4, 2: 32, 3: 4}, 4),
@@ -431,7 +260,7 @@ def _root_of(node: Any) -> fx.Node | None:
         if start[0] not in (0, None) or step[0] != 1:
             return None
         node = node.args[0]
-    return node if is_call(node, aten.full.default) and _scalar(node.args[1]) == 0 else None
+    return node if is_call(node, aten.full.default) and scalar_value(node.args[1]) == 0 else None
 
 
 def _dims(node: fx.Node, expected: dict[int, int], rank: int) -> bool:
@@ -440,17 +269,6 @@ def _dims(node: fx.Node, expected: dict[int, int], rank: int) -> bool:
     if value is None or value.dim() != rank:
         return False
     return all(statically_known_true(value.shape[i] == size) for i, size in expected.items())
-
-
-def _scalar(arg: Any) -> Any:
-    """A scalar literal, or the value of a `scalar_tensor(v)` / 0-d `full([], v)` constant node."""
-    if isinstance(arg, (bool, int, float)):
-        return arg
-    if is_call(arg, aten.scalar_tensor.default):
-        return arg.args[0]
-    if is_call(arg, aten.full.default) and isinstance(arg.args[0], (list, tuple)) and len(arg.args[0]) == 0:
-        return arg.args[1]
-    return None
 
 
 def _is_last_dim(dims: Any, head: fx.Node) -> bool:
@@ -478,19 +296,12 @@ def _before_views(head: fx.Node, k: int) -> tuple[fx.Node, fx.Node] | None:
     reads, node = head, head.args[0]
     if not isinstance(node, fx.Node):
         return None
-    while is_call(node, *_VIEWS) and isinstance(node.args[0], fx.Node):
+    while is_call(node, *RESHAPES) and isinstance(node.args[0], fx.Node):
         src = fake(node.args[0])
         if src is None or src.dim() < 1 or not statically_known_true(src.shape[-1] == k):
             break
         reads, node = node, node.args[0]
     return node, reads
-
-
-def _fake(node: fx.Node) -> torch.Tensor:
-    """The fake value of a node the match read its shape off (so it has one)."""
-    value = fake(node)
-    assert value is not None, node
-    return value
 
 
 __all__ = ["ScaleSpelling", "TorchaoQuantMatch", "match_torchao_quant", "torchao_quant_users"]
