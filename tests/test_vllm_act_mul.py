@@ -84,6 +84,8 @@ def reads(quant: fx.Node) -> str:
     """What a quant reads, through views: "attention output" for a graph input (the piece's split
     point: the attention op's result), else the producing op's name."""
     node, _ = vllm_pipeline.source(quant.args[0])
+    while isinstance(node, fx.Node) and node.target is torch.ops.aten.split.Tensor:
+        node, _ = vllm_pipeline.source(node.args[0])  # a slice of it (MiniMax-M3's [attention | gate] output)
     if not isinstance(node, fx.Node):
         return "constant"
     return "attention output" if node.op == "placeholder" else str(node.target)
@@ -132,3 +134,27 @@ def test_fused_graph_runs_bitwise_like_the_source_on_cpu():
     codes, scales, _ = torch.ops.mxfuse.act_mul_mxfp8(x, "silu")
     assert torch.equal(codes.view(torch.uint8), want[0].view(torch.uint8))
     assert torch.equal(scales.view(torch.uint8).reshape(-1), want[1].view(torch.uint8).reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def minimax_m3(vllm_cpu):
+    from test_vllm_minimax_m3 import MINIMAX_M3
+
+    return compile_model(vllm_cpu, MINIMAX_M3)
+
+
+def test_minimax_m3_through_the_transformers_backend(minimax_m3):
+    """MiniMax-M3's HF code under vLLM's Transformers backend: the clamped SwiGLU in bf16 ops (gate
+    `clamp_max 7`, `* 1.702`, sigmoid, `*`; up `clamp +-7`, `+ 1`; `*`) then the backend's reshape to
+    rows: fused with down_proj's quant, each op rounded as the graph writes it. Layer 0 is dense, layer 1
+    MoE (its experts quantize inside vLLM's MoE op): left are the two o_proj quants."""
+    left, fused = [], []
+    for graph in minimax_m3.before:
+        graph = copy.deepcopy(graph)
+        post_grad.run(graph, PassOptions(strict=True))
+        left += [reads(q) for q in quant_nodes(graph)]
+        fused += [n for n in graph.nodes if n.op == "call_function" and "act_mul" in str(n.target)]
+    assert left == ["attention output"] * 2, left
+    (op,) = fused
+    assert op.args[-1] == "swiglu_oai" and op.kwargs["round_each_op"], op
+    assert op.kwargs["alpha"] == 1.702 and op.kwargs["limit"] == 7.0, op.kwargs
