@@ -58,15 +58,15 @@ def test_demo_cpu_report():
     assert header.split() == ["eager", "compiled", "mxfuse", "passes"]
     assert len(re.findall(r"\d+\.\d+ ms", _line(out, "time per step"))) == 3
     assert re.search(r"bitwise == eager\s+\(ref\)\s+yes\s+yes", out)
-    # launches counted from the generated wrapper: 2 norms + 2 of the 4 quants become 2 fused ops
+    # launches counted from the generated wrapper: 2 norms, the SwiGLU and 3 of the 4 quants become 3 fused ops
     assert "counted in the code Inductor generated" in out and "cpp_fused_*" in out
     assert _launch_row(out, "mxfuse.gemma_rmsnorm ") == [1, 0]
     assert _launch_row(out, "mxfuse.gemma_rmsnorm_mxfp8 ") == [0, 1]
     assert _launch_row(out, "mxfuse.gemma_fused_add_rmsnorm ") == [2, 1]  # the final norm feeds no quant
     assert _launch_row(out, "mxfuse.gemma_fused_add_rmsnorm_mxfp8 ") == [0, 1]
-    assert _launch_row(out, "mxfuse.mxfp8_quantize") == [4, 2]
+    assert _launch_row(out, "mxfuse.mxfp8_quantize") == [4, 1]  # o_proj's; down_proj's fused with the SwiGLU
     before, after = _launch_row(out, "total launches")
-    assert before - after == 2
+    assert before - after == 3
     passes = result.variants[2]
     assert passes.launches["mxfuse.mxfp8_linear"] == 4
     # the pass report and the bytes, by the stated formula
@@ -74,6 +74,7 @@ def test_demo_cpu_report():
     assert re.search(r"mxfuse:fused_add->mxfuse_quant:rowmajor\s+x1", out)
     assert "2*M*K*2 B per fused norm (its bf16 y, written once and" in out and "M = 32 rows, K = 256) = 32 KiB" in out
     assert "2 fused norm(s) = 64 KiB per step, 64 KiB per layer (1 layer)" in out
+    assert "1 fused act·mul(s) (down_proj's input, 2*M*I*2 B each, I = 512) = 64 KiB" in out
     assert "bitwise check PASSED: compiled output == eager output (32x256 bfloat16, every bit)" in out
     assert "bitwise check PASSED: with the mxfuse passes == without them (compiled output, 32x256 bfloat16)" in out
     assert "FAILED" not in out
@@ -154,7 +155,7 @@ def test_explain_reference(capsys):
     rc = main(["explain", "--layers", "1", "--tokens", "16", "--source"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "graph 0: 3 norms, 2 fused, 1 not fused" in out
+    assert "graph 0: 4 norms, 3 fused, 1 not fused" in out  # the 4th producer: the SwiGLU-OAI (act·mul)
     lines = out.splitlines()
 
     def verdict(module):
@@ -164,10 +165,11 @@ def test_explain_reference(capsys):
     assert verdict("layers.0.input_norm") == "fused: mxfuse:plain->mxfuse_quant:rowmajor"
     assert verdict("layers.0.post_attention_norm") == "fused: mxfuse:fused_add->mxfuse_quant:rowmajor"
     assert verdict("norm") == "not fused: no MXFP8 quant reads its output (read by: the graph output)"
+    assert verdict("layers.0") == "fused: mxfuse_models:swiglu_oai_mul+fp32->mxfuse_quant:rowmajor"
     assert "return torch.ops.mxfuse.gemma_fused_add_rmsnorm(x, residual, self.w, self.eps)" in out
-    assert "MXFP8 quants not fed by a recognized norm (left as they are): 2" in out
-    assert "1 read mxfuse_models.swiglu_oai" in out
-    assert out.rstrip().endswith("2 of 3 norms fused")
+    assert "MXFP8 quants not fed by a recognized norm (left as they are): 1" in out
+    assert "1 read getitem of aten._scaled_dot_product_flash_attention_for_cpu" in out  # o_proj's
+    assert out.rstrip().endswith("3 of 4 norms fused")
     torch.compiler.reset()
 
 

@@ -48,7 +48,7 @@ def test_kernels_compile_without_spills(compiled, target):
     tool, results = compiled
     rows = results[target]
     kernels = {case.launch.kernel.__name__ for case, _, _ in rows}
-    assert {"_norm_kernel", "_quant_kernel", "_swizzle_kernel", "_mx_gemm_swap_kernel"} <= kernels
+    assert {"_norm_kernel", "_quant_kernel", "_swizzle_kernel", "_mx_gemm_swap_kernel", "_act_mul_kernel"} <= kernels
     bad = {case.name: tool.problems(target, res, err) for case, res, err in rows if tool.problems(target, res, err)}
     assert not bad, f"{target}: {len(bad)} of {len(rows)} cases: {bad}"
     isa = triton_targets.isa_of_target(target.split(":")[0])

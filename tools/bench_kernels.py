@@ -629,6 +629,101 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
     return results, gated_table(results, copy_tbs)
 
 
+# ----------------------------------------------------------------- act·mul (a section of its own)
+
+ACT_IS = [14336, 17408, 3584, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
+ACT_MS = [1, 16, 256, 4096, 16384]
+ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant")
+
+
+def act_mul_point(i, m, compiled, liger, log=print):
+    """µs of act·mul (SiLU, gate_up `[M, 2I]` bf16) at one (I, M): the fused op (both layouts), the
+    unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul kernel),
+    `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, and Liger's
+    SiLU·mul on two contiguous halves alone and followed by the quant."""
+    from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
+
+    n = n_input_sets(2 * m * 2 * i)
+    g = torch.Generator(device="cuda").manual_seed(i + m)
+    sets = [(torch.randn(m, 2 * i, device="cuda", dtype=DT, generator=g),) for _ in range(n)]
+    halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
+    res = {"I": i, "M": m}
+
+    def t(name, fn, inputs):
+        try:
+            res[name] = time_cuda_graph(fn, inputs)
+        except Exception as e:
+            log(f"  act_mul {name} I={i} M={m} FAILED: {type(e).__name__}: {e}")
+            res[name] = float("nan")
+
+    def fused(x, swizzled=False):
+        return taq.act_mul(x[:, :i], x[:, i:], "silu", swizzled=swizzled)
+
+    def unfused(x):
+        return tnq.quantize(taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False)[2], False)
+
+    t("fused", fused, sets)
+    t("fused_swz", lambda x: fused(x, True), sets)
+    t("unfused", unfused, sets)
+    t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False), sets)
+    t("compiled", compiled, sets)
+    t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
+    if liger is not None:
+        t("liger", liger, halves)
+        t("liger+quant", lambda a, b: tnq.quantize(liger(a, b), False), halves)
+    else:
+        res["liger"] = res["liger+quant"] = float("nan")
+    return res
+
+
+def act_mul_table(results, copy_tbs):
+    """Markdown: µs per column, the fused op's TB/s (5.03·M·I bytes) and its ratios."""
+    head = "| I | M | " + " | ".join(ACT_COLUMNS) + " | fused TB/s | % copy | act / fused | unfused / fused |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        i, m = r["I"], r["M"]
+        nbytes = 2 * m * 2 * i + m * i + m * scale_columns(i)
+        f = r["fused"]
+        lines.append(
+            f"| {i} | {m} | "
+            + " | ".join(f"{r[c]:.1f}" for c in ACT_COLUMNS)
+            + f" | {tbs(nbytes, f):.2f} | {100 * tbs(nbytes, f) / copy_tbs:.0f} | {r['act'] / f:.2f} | "
+            + f"{r['unfused'] / f:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def act_mul_bench(out, copy_tbs, ms, log=print):
+    """The act·mul section: every (I, M) of ACT_IS x `ms`; prints and (with `out`) writes act_mul_bench.md."""
+    import torch.nn.functional as F
+
+    def native(x):  # vLLM's SiluAndMul.forward_native, compiled as vLLM compiles it (dynamic token count)
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+    compiled = torch.compile(native, dynamic=True)
+    try:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        def liger(a, b):
+            return LigerSiLUMulFunction.apply(a, b)
+    except ImportError:
+        liger = None
+    results = []
+    for i in ACT_IS:
+        for m in ms:
+            r = act_mul_point(i, m, compiled, liger, log)
+            log(json.dumps(r))
+            results.append(r)
+    text = "### act·mul (SiLU) -> MXFP8, µs per call\n\n" + act_mul_table(results, copy_tbs)
+    print(text, flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "act_mul_bench.md"), "w") as f:
+            f.write(text + "\n")
+    return results
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="directory for kernels_bench.md / .json / .png")
@@ -647,6 +742,10 @@ def main(argv=None):
     ap.add_argument("--gated-ks", default=",".join(map(str, GATED_KS)))
     ap.add_argument("--gemm", action="store_true", help="then run tools/bench_gemm.py (GEMM rows)")
     ap.add_argument("--gemm-args", default="", help="extra arguments for bench_gemm.py, one string")
+    ap.add_argument(
+        "--act-mul", choices=("also", "only"), default=None, help="the act·mul section (after the norms / alone)"
+    )
+    ap.add_argument("--act-ms", default=",".join(map(str, ACT_MS)), help="M of the act·mul section")
     args = ap.parse_args(argv)
     vname = args.variant
     if args.tables:
@@ -676,6 +775,9 @@ def main(argv=None):
     gated_ks, ms = [int(v) for v in args.gated_ks.split(",")], [int(v) for v in args.ms.split(",")]
     if args.only_gated:
         print(gated_section(gated_ks, ms, copy_tbs, not args.no_compiled)[1], flush=True)
+
+    if args.act_mul == "only":
+        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
         return 0
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
     flashinfer = flashinfer_norms(flashinfer_include(args.flashinfer_include))
@@ -696,6 +798,9 @@ def main(argv=None):
         data["gated"] = gated_results
         print(table, flush=True)
         save(args.out, data, vname)
+
+    if args.act_mul == "also":
+        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
     if args.gemm:  # hook: GEMM rows are produced by tools/bench_gemm.py
         try:
             import bench_gemm

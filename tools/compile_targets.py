@@ -169,7 +169,40 @@ def gemm_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     return cases
 
 
-CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (norm_cases, quant_cases, swizzle_cases, gemm_cases)
+def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
+    """The act·mul kernel (I 1792: a TP-8 shard of 14336): at M 4096 every activation fused (swizzled,
+    torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU.
+    `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
+    from mxfuse.ops import triton_act_quant as taq
+    from mxfuse.ops.act_mul import ACTIVATIONS
+
+    forms = [(True, True), (False, True), (True, False)]  # (quant, round_each_op)
+    if exhaustive:
+        plan = [(m, act, f) for m in (1, 2, 4096) for act in ACTIVATIONS for f in forms]
+    else:
+        plan = [(4096, act, forms[0]) for act in ACTIVATIONS]
+        plan += [(4096, "silu", forms[1]), (4096, "swiglu_oai", forms[2]), (1, "silu", forms[0])]
+    cases = []
+    i = 1792
+    for m, act, (quant, round_each_op) in plan:
+        _, launch = taq.act_mul_launch(
+            _meta(m, i), _meta(m, i), act, isa=isa, quant=quant, swizzled=quant, rule=QuantRule.TORCHAO,
+            round_each_op=round_each_op,
+        )  # fmt: skip
+        if launch is None:
+            continue
+        what = f"act_mul {act} I{i} M{m} {'fused' if quant else 'unfused'}{'' if round_each_op else ' fp32'}"
+        cases.append(Case(what, launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+    return cases
+
+
+CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (
+    norm_cases,
+    quant_cases,
+    swizzle_cases,
+    gemm_cases,
+    act_mul_cases,
+)
 
 
 def cases_for(target: str, exhaustive: bool = False) -> list[Case]:

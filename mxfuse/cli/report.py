@@ -131,6 +131,8 @@ def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
     if report.skipped:
         print(f"  left alone: {len(report.skipped)} (see `mxfuse explain` for why)", file=out)
     gone, kept = report.fused_producers()
+    act_muls = report.fused_act_muls()  # their y is [M, I]: counted on a line of their own below
+    gone -= act_muls
     m, k = result.rows, result.config.hidden
     per_norm = 2 * m * k * 2
     total = gone * per_norm + kept * m * k * 2
@@ -144,6 +146,10 @@ def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
         f"{kib(total / layers)} per layer ({counted(layers, 'layer')})",
         file=out,
     )
+    if act_muls:
+        i = result.config.intermediate
+        saved = kib(act_muls * 2 * m * i * 2)
+        print(f"  {act_muls} fused act·mul(s) (down_proj's input, 2*M*I*2 B each, I = {i}) = {saved}", file=out)
     packed = report.packed_gathers()
     if packed and result.world > 1:
         w = result.world

@@ -45,6 +45,16 @@ class PassReport:
         kept = sum(kind.writes_y for kind in fused)
         return len(fused) - kept, kept
 
+    def fused_act_muls(self) -> int:
+        """Fused sites whose producer is an act·mul (`act(gate) * up`) and whose bf16 y no longer goes to memory."""
+        return sum(
+            1
+            for record in self.applied
+            if record.kind.fuses_producer
+            and not record.kind.writes_y
+            and getattr(getattr(record.kind, "family", None), "value", None) == "act_mul"
+        )
+
     def packed_gathers(self) -> int:
         """Sites whose all-gather now carries the packed MXFP8 buffer."""
         return sum(record.kind.packed_gather for record in self.applied)

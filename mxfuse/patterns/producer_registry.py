@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from torch import fx
 
+from mxfuse.patterns.act_mul import act_mul_candidates, match_act_mul
 from mxfuse.patterns.gated import (
     fla_candidates,
     gate_candidates,
@@ -39,6 +40,7 @@ PRODUCER_RECOGNIZERS: tuple[Recognizer, ...] = (
     Recognizer(match_gate, gate_candidates),
     Recognizer(match_gated_norm, gated_norm_candidates),
     Recognizer(match_fla_gated_norm, fla_candidates),
+    Recognizer(match_act_mul, act_mul_candidates),
 )
 """Tried in order; the first match wins."""
 

@@ -1,0 +1,233 @@
+"""The act·mul ops on CPU: each source's eager arithmetic bit for bit, fused == unfused, errors.
+
+The sources are written out here as their modules write them (vLLM's `SiluAndMul` /
+`GeluAndMul` / `SwigluStepAndMul` native forms, Hugging Face's `ACT2FN[act](gate) * up`
+and gpt-oss's clamped SwiGLU in the model dtype, mxfuse's own `swiglu_oai` in fp32), run
+eagerly in bf16 / fp16 on every value of the dtype's hard cases, and compared with the
+ops' CPU impl, which is the reference of the fused ops.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_ops import special_rows
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import mxfuse  # noqa: F401
+from mxfuse.models import swiglu_oai_native
+from mxfuse.ops import MxfuseInputError
+from mxfuse.ops.act_mul import ACTIVATIONS, SWIGLU_LIMIT, SWIGLU_OAI_ALPHA, act_mul_rows
+from mxfuse.testing import assert_bitwise
+
+mx = torch.ops.mxfuse
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def every_value(dtype: torch.dtype, i: int = 256) -> torch.Tensor:
+    """Every bit pattern of a 16-bit dtype (NaN, Inf, subnormals, -0 included) as `[*, i]` rows."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return x.reshape(-1, i)
+
+
+def gate_up_of(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate: every value of the dtype; up: scaled random values with special rows."""
+    gate = every_value(dtype)
+    up = special_rows(gate.shape[0], gate.shape[1], torch.float32, seed) * 4
+    return gate, up.to(dtype)
+
+
+def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, what: str):
+    """Bitwise, except that two NaN of different payloads count as equal: torch's fp16 GELU kernel
+    returns a NaN of its own for a NaN input (what any kernel does with a payload is not a source's
+    arithmetic; the quant encodes every NaN as NaN)."""
+    nan = actual.isnan() & expected.isnan()
+    assert_bitwise(torch.where(nan, 0, actual), torch.where(nan, 0, expected), what)
+    assert torch.equal(actual.isnan(), expected.isnan()), what
+
+
+# ------------------------------------------------------------- the sources, as written
+
+
+def vllm_silu_and_mul(x):  # vllm/model_executor/layers/activation.py, SiluAndMul.forward_native
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def vllm_gelu_tanh_and_mul(x):  # GeluAndMul(approximate="tanh").forward_native
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
+def vllm_swiglu_step_and_mul(x, limit=SWIGLU_LIMIT):  # SwigluStepAndMul.forward_native (Step-3.5)
+    gate, up = x.chunk(2, dim=-1)
+    gate = F.silu(gate)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return gate * up
+
+
+def hf_gpt_oss(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_LIMIT):  # GptOssExperts, in the model dtype
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    glu = gate * torch.sigmoid(gate * alpha)
+    return (up + 1) * glu
+
+
+SOURCES_GATE_UP = {
+    "silu": vllm_silu_and_mul,
+    "gelu_tanh": vllm_gelu_tanh_and_mul,
+    "swiglu_step": vllm_swiglu_step_and_mul,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", list(SOURCES_GATE_UP))
+def test_vllm_native_forms_are_round_each_op(activation, dtype):
+    gate, up = gate_up_of(dtype)
+    x = torch.cat((gate, up), dim=-1)
+    assert_same_values(mx.act_mul(x, activation), SOURCES_GATE_UP[activation](x), activation)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_hugging_face_mlp_is_act_mul_pair(act, dtype):
+    from transformers.activations import ACT2FN
+
+    gate, up = gate_up_of(dtype, seed=1)
+    activation = "silu" if act == "silu" else "gelu_tanh"
+    assert_same_values(mx.act_mul_pair(gate, up, activation), ACT2FN[act](gate) * up, act)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpt_oss_swiglu_in_the_model_dtype_is_round_each_op(dtype):
+    gate, up = gate_up_of(dtype, seed=2)
+    up = (up.float() * 3).to(dtype)  # some beyond the +-7 clamp
+    assert_same_values(mx.act_mul_pair(gate, up, "swiglu_oai"), hf_gpt_oss(gate, up), "gpt-oss")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfuse_swiglu_oai_is_fp32_one_rounding(dtype):
+    gate, up = gate_up_of(dtype, seed=3)
+    x = torch.cat((gate, up), dim=-1)
+    assert_same_values(mx.act_mul(x, "swiglu_oai", round_each_op=False), swiglu_oai_native(x), "swiglu_oai_native")
+
+
+def test_a_limit_the_dtype_cannot_hold_rounds_as_torch_clamps():
+    gate, up = gate_up_of(torch.bfloat16, seed=4)
+    x = torch.cat((gate, up), dim=-1)
+    assert_same_values(mx.act_mul(x, "swiglu_step", limit=7.3), vllm_swiglu_step_and_mul(x, 7.3), "limit 7.3")
+    assert_same_values(
+        mx.act_mul_pair(gate, up, "swiglu_oai", alpha=1.3, limit=6.9), hf_gpt_oss(gate, up, 1.3, 6.9), "alpha/limit"
+    )
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gate_first_false_reads_the_second_half_as_gate(activation):
+    gate, up = gate_up_of(torch.bfloat16, seed=5)
+    want = mx.act_mul_pair(gate, up, activation)
+    assert_bitwise(mx.act_mul(torch.cat((up, gate), dim=-1), activation, gate_first=False), want, "up|gate")
+    assert_bitwise(mx.act_mul(torch.cat((gate, up), dim=-1), activation), want, "gate|up")
+
+
+# ------------------------------------------------------------- fused == unfused
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+@pytest.mark.parametrize("rule", [0, 1], ids=["default", "torchao"])
+@pytest.mark.parametrize("round_each_op", [True, False])
+def test_fused_is_act_mul_then_quant(activation, swizzled, rule, round_each_op):
+    gate, up = gate_up_of(torch.bfloat16, seed=6)
+    x = torch.cat((gate, up), dim=-1).reshape(4, -1, 512)  # 3-D, as the Transformers backend's
+    kw = dict(round_each_op=round_each_op)
+    y = mx.act_mul(x, activation, **kw)
+    codes, scales = mx.mxfp8_quantize(y, swizzled, rule)
+    fused = mx.act_mul_mxfp8(x, activation, True, swizzled, True, rule, **kw)
+    assert_bitwise(fused, (codes, scales, y), "gate_up")
+    pair = mx.act_mul_pair_mxfp8(
+        gate.reshape(4, -1, 256), up.reshape(4, -1, 256), activation, swizzled, True, rule, **kw
+    )
+    assert_bitwise(pair, (codes, scales, y), "pair")
+    assert mx.act_mul_mxfp8(x, activation, swizzled=swizzled, rule=rule, **kw)[2].numel() == 0
+
+
+@pytest.mark.parametrize("m", [0, 1, 130])
+def test_shapes_and_fake_impls_agree(m):
+    x = torch.randn(m, 2 * 96, dtype=torch.bfloat16)
+    for swizzled in (False, True):
+        real = mx.act_mul_mxfp8(x, "silu", swizzled=swizzled, emit_y=True)
+        with FakeTensorMode() as mode:
+            fake = mx.act_mul_mxfp8(mode.from_tensor(x), "silu", swizzled=swizzled, emit_y=True)
+        assert [(t.shape, t.dtype) for t in real] == [(t.shape, t.dtype) for t in fake]
+    assert mx.act_mul(x, "gelu_tanh").shape == (m, 96)
+
+
+def test_strided_halves_of_a_wider_buffer():
+    """A gate_up that is a column slice of a wider tensor (row stride > 2I) reads the right values."""
+    wide = torch.randn(7, 3 * 64, dtype=torch.bfloat16)
+    x = wide[:, :128]
+    assert_bitwise(mx.act_mul(x, "silu"), vllm_silu_and_mul(x.contiguous()), "strided")
+
+
+def test_reference_rejects_an_unknown_activation():
+    with pytest.raises(ValueError, match="relu"):
+        act_mul_rows(torch.zeros(1, 32), torch.zeros(1, 32), "relu")
+
+
+# ------------------------------------------------------------- errors
+
+
+def _bf16(*shape, dtype=torch.bfloat16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+BAD = [
+    (lambda: mx.act_mul(torch.zeros(2, 65, dtype=torch.bfloat16), "silu"), "act_mul.*odd last dimension 65"),
+    (lambda: mx.act_mul(torch.zeros(2, 96, dtype=torch.bfloat16), "silu"), "act_mul.*I=48 is not a multiple of 32"),
+    (lambda: mx.act_mul(torch.zeros(2, 0, dtype=torch.bfloat16), "silu"), "act_mul.*I=0"),
+    (lambda: mx.act_mul(torch.zeros(2, 64), "silu"), "act_mul.*float32.*bfloat16, float16"),
+    (lambda: mx.act_mul(torch.zeros((), dtype=torch.bfloat16), "silu"), "act_mul.*scalar"),
+    (lambda: mx.act_mul(torch.zeros(2, 64, dtype=torch.bfloat16), "relu"), "act_mul.*'relu' is not one of"),
+    (lambda: mx.act_mul(torch.zeros(2, 64, dtype=torch.bfloat16), "swiglu_step", limit=-1.0), "limit=-1.0"),
+    (lambda: mx.act_mul(torch.zeros(2, 64, dtype=torch.bfloat16), "swiglu_oai", alpha=float("nan")), "alpha=nan"),
+    (
+        lambda: mx.act_mul_pair(
+            torch.zeros(2, 32, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.bfloat16), "silu"
+        ),
+        "act_mul_pair.*up .*must match gate",
+    ),
+    (
+        lambda: mx.act_mul_pair(
+            torch.zeros(2, 32, dtype=torch.bfloat16), torch.zeros(2, 32, dtype=torch.float16), "silu"
+        ),
+        "act_mul_pair.*must match gate",
+    ),
+    (
+        lambda: mx.act_mul_pair_mxfp8(
+            torch.zeros(2, 48, dtype=torch.float16), torch.zeros(2, 48, dtype=torch.float16), "silu"
+        ),
+        "act_mul_pair_mxfp8.*I=48",
+    ),
+    (lambda: mx.act_mul_mxfp8(torch.zeros(2, 64, dtype=torch.bfloat16), "silu", rule=7), "act_mul_mxfp8.*rule=7"),
+]
+
+
+@pytest.mark.parametrize("call,message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_clear_error(call, message):
+    with pytest.raises(MxfuseInputError, match=message):
+        call()
+
+
+def test_fake_impls_raise_the_same_errors():
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.zeros(2, 65, dtype=torch.bfloat16))
+        with pytest.raises(MxfuseInputError, match=r"act_mul_mxfp8.*odd"):
+            mx.act_mul_mxfp8(x, "silu")
+
+
+def test_inference_only():
+    x = torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(MxfuseInputError, match="act_mul_mxfp8 has no backward"):
+        mx.act_mul_mxfp8(x, "silu")[0].float().sum().backward()

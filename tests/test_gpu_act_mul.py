@@ -1,0 +1,129 @@
+"""GPU tests of the act·mul kernel (mxfuse/ops/triton_act_quant.py; docs/design.md, "act·mul producers").
+
+What is asserted, on CUDA, through `torch.ops.mxfuse.*`:
+
+- fused vs. unfused project ops: BITWISE (codes, scales, y): `act_mul_mxfp8` /
+  `act_mul_pair_mxfp8` against `act_mul` then `mxfp8_quantize`, every activation,
+  `round_each_op` both ways, both layouts, both rules, bf16 and fp16, gate_up in both half
+  orders and a strided gate_up; M from 1 to 4096 (every tiling regime of
+  `act_mul_config`), I a multiple of 32 that is no power of two (column masking, swizzled
+  padding columns) up to 17408 / 8.
+- batch invariance: a row's bits do not depend on M (the tiling changes with M).
+- the kernel vs. the CPU reference (torch's own functions): y within one ulp of the dtype
+  where the reference is finite, the same NaN positions; codes within one e4m3 step where
+  the scales agree (the bound of docs/design.md).
+
+Runs without vLLM. Marked `gpu`, skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gpu_kernels import DEVICE, gpu_test
+
+import mxfuse.ops  # noqa: F401
+from mxfuse.ops.act_mul import ACTIVATIONS
+from mxfuse.testing import assert_bitwise
+
+ops = torch.ops.mxfuse
+
+
+def gate_up_rows(m: int, i: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """`[m, 2I]` with hard cases planted: zeros, huge, tiny, NaN / Inf, values beyond the clamp."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 2 * i, generator=g) * 4
+    cases = [
+        lambda r: r.zero_(),
+        lambda r: r.mul_(1e4),
+        lambda r: r.mul_(1e-30),
+        lambda r: r.__setitem__(3, float("nan")),
+        lambda r: r.__setitem__(i + 5, float("inf")),
+        lambda r: r.__setitem__(7, float("-inf")),
+        lambda r: r[:32].mul_(100.0),
+    ]
+    for row, case in zip(x, cases):
+        case(row)
+    return x.to(dtype).to(DEVICE)
+
+
+SHAPES = [(1, 192), (3, 1792), (16, 2176), (130, 96), (257, 1536), (4096, 224)]
+
+
+@gpu_test
+@pytest.mark.parametrize("m,i", SHAPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_equals_unfused_bitwise(m, i, activation, dtype):
+    x = gate_up_rows(m, i, dtype, seed=m + i)
+    for round_each_op in (True, False):
+        kw = dict(round_each_op=round_each_op)
+        y = ops.act_mul(x, activation, **kw)
+        for swizzled in (False, True):
+            for rule in (0, 1):
+                want = (*ops.mxfp8_quantize(y, swizzled, rule), y)
+                got = ops.act_mul_mxfp8(x, activation, True, swizzled, True, rule, **kw)
+                assert_bitwise(got, want, f"{activation} swz={swizzled} rule={rule} round={round_each_op}")
+        gate, up = x[:, :i].contiguous(), x[:, i:].contiguous()
+        assert_bitwise(ops.act_mul_pair(gate, up, activation, **kw), y, "pair y")
+        assert_bitwise(ops.act_mul_pair_mxfp8(gate, up, activation, **kw)[:2], ops.mxfp8_quantize(y), "pair")
+        swapped = torch.cat((up, gate), dim=-1)
+        assert_bitwise(ops.act_mul(swapped, activation, gate_first=False, **kw), y, "gate_first=False")
+
+
+@gpu_test
+def test_strided_gate_up():
+    wide = gate_up_rows(37, 3 * 64)
+    x = wide[:, : 2 * 128]
+    assert_bitwise(ops.act_mul_mxfp8(x, "silu", emit_y=True), ops.act_mul_mxfp8(x.contiguous(), "silu", emit_y=True))
+
+
+@gpu_test
+@pytest.mark.parametrize("i", [1792, 17408])
+def test_batch_invariant(i):
+    x = gate_up_rows(4096, i, seed=11)
+    full = ops.act_mul_mxfp8(x, "silu", emit_y=True)
+    for m in (1, 16, 300):
+        part = ops.act_mul_mxfp8(x[:m], "silu", emit_y=True)
+        assert_bitwise(part, tuple(t[:m] for t in full), f"M={m}")
+
+
+def e4m3_ordinal(codes: torch.Tensor) -> torch.Tensor:
+    """Codes as signed ordinals (sign-magnitude -> integer): neighbours differ by 1, +0 and -0 are 0."""
+    b = codes.view(torch.uint8).int()
+    return torch.where(b >= 128, -(b - 128), b)
+
+
+@gpu_test
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("round_each_op", [True, False])
+def test_kernel_within_the_bound_of_the_reference(activation, round_each_op):
+    """docs/design.md, "act·mul producers": y within one ulp of the dtype of the CPU reference
+    (torch's own functions), plus, for GELU-tanh, `2**-21 * |gate * up|` (tanh's absolute error
+    near -1, where `1 + tanh` cancels); codes within one e4m3 step where the scales agree."""
+    x = gate_up_rows(512, 1536, seed=3)
+    codes, scales, y = ops.act_mul_mxfp8(x, activation, emit_y=True, round_each_op=round_each_op)
+    xc = x.cpu()
+    ref_y = ops.act_mul(xc, activation, round_each_op=round_each_op)
+    got = y.cpu()
+    assert torch.equal(got.isnan(), ref_y.isnan())
+    finite = ref_y.isfinite()
+    inf = ref_y.isinf()
+    assert torch.equal(got[inf], ref_y[inf])
+    a, b = got[finite].float(), ref_y[finite].float()
+    up = torch.nextafter(ref_y, torch.full_like(ref_y, float("inf"))).float() - ref_y.float()
+    down = ref_y.float() - torch.nextafter(ref_y, torch.full_like(ref_y, float("-inf"))).float()
+    ulp = torch.maximum(up.abs(), down.abs())[finite]  # either neighbour
+    bound = ulp
+    if activation == "gelu_tanh":
+        gu = (xc[:, :1536].float() * xc[:, 1536:].float()).abs()[finite]
+        bound = ulp + 2.0**-21 * gu
+    assert ((a - b).abs() <= bound).all(), f"{activation}: y beyond the bound of the reference"
+    differ = (a != b).float().mean().item()
+    assert differ < 0.01, f"{activation}: {differ:.4f} of y differ from the reference (expected a last-bit rarity)"
+    ref_codes, ref_scales = ops.mxfp8_quantize(ref_y)
+    same_scale = scales.cpu() == ref_scales
+    assert same_scale.float().mean().item() > 0.99
+    blocks = same_scale.repeat_interleave(32, dim=1) & finite
+    step = (e4m3_ordinal(codes.cpu()) - e4m3_ordinal(ref_codes)).abs()
+    assert (step[blocks] <= 1).all()

@@ -1,0 +1,160 @@
+"""The act·mul -> MXFP8 sites of vLLM 0.33's own models, through its own VLLM_COMPILE pipeline on CPU.
+
+Each model is built and compiled by tests/vllm_pipeline.py (ModelOpt MXFP8, the CuTe-DSL kernel
+declared supported: `vllm.mxfp8_quantize(x, True)` before every MXFP8 linear), one decoder layer.
+vLLM runs activations in their native form under Inductor (`custom_ops` `['none']`), so down_proj's
+quant reads plain ATen: the SiLU / GELU-tanh chain of `SiluAndMul` / `GeluAndMul` between two
+slices of gate_up's output and a bf16 multiply.
+
+What is counted, with the pipeline's own detector (`vllm_pipeline.quant_nodes`, not mxfuse's
+recognizers), in every piecewise graph as mxfuse received it and after mxfuse's pass: the
+standalone MXFP8 quants, and what each one left reads (through views). Goal of issue 30: in a
+dense decoder layer only o_proj's quant is left, whose input is the raw output of vLLM's opaque
+attention op (a graph input of the piece after vLLM's split at the attention).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import vllm_pipeline
+from torch import fx
+from vllm_pipeline import HIDDEN, Case, compile_model, mla_attention_stub, quant_nodes, tiny
+
+from mxfuse.passes import post_grad
+from mxfuse.passes.options import PassOptions
+
+pytestmark = pytest.mark.vllm
+vllm_cpu = vllm_pipeline.vllm_cpu
+
+CASES = [
+    Case("llama", ("llama",), tiny("LlamaForCausalLM", "llama", num_hidden_layers=1), 2, "SiLU"),
+    Case("mistral", ("llama",), tiny("MistralForCausalLM", "mistral", num_hidden_layers=1), 2, "SiLU"),
+    Case("qwen3", ("qwen3",), tiny("Qwen3ForCausalLM", "qwen3", num_hidden_layers=1), 2, "SiLU"),
+    Case("glm4", ("glm4",), tiny("Glm4ForCausalLM", "glm4", num_hidden_layers=1, partial_rotary_factor=0.5), 2, "SiLU"),
+    Case(
+        "gemma3",
+        ("gemma3",),
+        tiny(
+            "Gemma3ForCausalLM",
+            "gemma3_text",
+            sliding_window=64,
+            num_hidden_layers=1,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        2,
+        "GELU-tanh",
+    ),
+    Case(
+        "deepseek_v2",
+        (),
+        tiny(
+            "DeepseekV2ForCausalLM",
+            "deepseek_v2",
+            num_hidden_layers=1,
+            num_key_value_heads=2,
+            q_lora_rank=HIDDEN,
+            kv_lora_rank=HIDDEN,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=64,
+            v_head_dim=64,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=HIDDEN,
+        ),
+        3,
+        "SiLU, a dense layer",
+    ),
+]
+PATCHES = {"deepseek_v2": (mla_attention_stub,)}
+EXPECTED = {
+    "llama": "silu",
+    "mistral": "silu",
+    "qwen3": "silu",
+    "glm4": "silu",
+    "gemma3": "gelu_tanh",
+    "deepseek_v2": "silu",
+}
+
+
+def reads(quant: fx.Node) -> str:
+    """What a quant reads, through views: "attention output" for a graph input (the piece's split
+    point: the attention op's result), else the producing op's name."""
+    node, _ = vllm_pipeline.source(quant.args[0])
+    while isinstance(node, fx.Node) and node.target is torch.ops.aten.split.Tensor:
+        node, _ = vllm_pipeline.source(node.args[0])  # a slice of it (MiniMax-M3's [attention | gate] output)
+    if not isinstance(node, fx.Node):
+        return "constant"
+    return "attention output" if node.op == "placeholder" else str(node.target)
+
+
+@pytest.fixture(scope="module")
+def results(vllm_cpu):
+    out = {}
+    for case in CASES:
+        record = compile_model(vllm_cpu, case, patches=[p() for p in PATCHES.get(case.name, ())])
+        before, left, fused = 0, [], []
+        for graph in record.before:  # a copy of each graph as mxfuse received it; rewritten again here
+            graph = copy.deepcopy(graph)
+            before += len(quant_nodes(graph))
+            post_grad.run(graph, PassOptions(strict=True))
+            left += [reads(q) for q in quant_nodes(graph)]
+            fused += [n for n in graph.nodes if n.op == "call_function" and "act_mul" in str(n.target)]
+        out[case.name] = (record, before, left, fused)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_only_o_proj_quant_is_left_per_layer(results, case):
+    _, before, left, fused = results[case.name]
+    assert before == case.sites + 2, (before, case.why_sites)  # the norm sites, o_proj's and down_proj's
+    assert left == ["attention output"], left  # one layer: o_proj's quant only
+    (op,) = fused
+    assert op.args[1] == EXPECTED[case.name] and op.kwargs["round_each_op"] and op.kwargs["gate_first"], op
+    assert op.kwargs["swizzled"] is True  # the CuTe-DSL linear's layout, read off its quant
+
+
+def test_act_mul_fused_in_the_pipeline_itself(results):
+    """The pass vLLM resolved from its config (mxfuse.vllm_pass) reported the act·mul sites fused."""
+    for name, (record, *_rest) in results.items():
+        kinds = [k for k in record.matched if k.startswith("aten:") and "_mul->" in k]
+        assert kinds, (name, record.matched, record.skipped)
+
+
+def test_fused_graph_runs_bitwise_like_the_source_on_cpu():
+    """vLLM's SiluAndMul.forward_native then mxfp8_quantize == the fused op, on CPU, bit for bit."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    x = (torch.randn(5, 2 * 128) * 3).to(torch.bfloat16)
+    y = SiluAndMul.forward_native(x)  # a staticmethod: vLLM's native arithmetic, no config needed
+    want = torch.ops.vllm.mxfp8_quantize(y, False)
+    codes, scales, _ = torch.ops.mxfuse.act_mul_mxfp8(x, "silu")
+    assert torch.equal(codes.view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8).reshape(-1), want[1].view(torch.uint8).reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def minimax_m3(vllm_cpu):
+    from test_vllm_minimax_m3 import MINIMAX_M3
+
+    return compile_model(vllm_cpu, MINIMAX_M3)
+
+
+def test_minimax_m3_through_the_transformers_backend(minimax_m3):
+    """MiniMax-M3's HF code under vLLM's Transformers backend: the clamped SwiGLU in bf16 ops (gate
+    `clamp_max 7`, `* 1.702`, sigmoid, `*`; up `clamp +-7`, `+ 1`; `*`) then the backend's reshape to
+    rows: fused with down_proj's quant, each op rounded as the graph writes it. Layer 0 is dense, layer 1
+    MoE (its experts quantize inside vLLM's MoE op): left are the two o_proj quants."""
+    left, fused = [], []
+    for graph in minimax_m3.before:
+        graph = copy.deepcopy(graph)
+        post_grad.run(graph, PassOptions(strict=True))
+        left += [reads(q) for q in quant_nodes(graph)]
+        fused += [n for n in graph.nodes if n.op == "call_function" and "act_mul" in str(n.target)]
+    assert left == ["attention output"] * 2, left
+    (op,) = fused
+    assert op.args[-1] == "swiglu_oai" and op.kwargs["round_each_op"], op
+    assert op.kwargs["alpha"] == 1.702 and op.kwargs["limit"] == 7.0, op.kwargs
