@@ -22,9 +22,9 @@ CHECK_SWIZZLE = textwrap.dedent(
     """
     import itertools, sys
     import torch
-    from mxfuse.ops import reference, triton_norm_quant
+    from mxfuse.ops import reference, triton_mx_quant, triton_norm_quant
 
-    triton_norm_quant.SWIZZLE_BLOCK_COLS = int(sys.argv[1])
+    triton_mx_quant.SWIZZLE_BLOCK_COLS = int(sys.argv[1])
     g = torch.Generator().manual_seed(0)
     for m, s in itertools.product([1, 2, 127, 128, 129, 300], [1, 3, 4, 5, 16, 17, 192, 200]):
         packed = torch.randint(0, 255, (m, s + 40), generator=g, dtype=torch.uint8)
