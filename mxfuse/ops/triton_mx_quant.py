@@ -271,12 +271,17 @@ def _mx_epilogue(
     column, `K` the row length (y's row stride); `dst`: :class:`MxDst`; scale rows >=
     `scale_rows` are not stored.
     """
+    QUANT_OPS: tl.constexpr = MX.QUANT_OPS  # bundle fields passed on as arguments: constexprs
+    RULE: tl.constexpr = MX.RULE  # (Triton 3.6 passes a field of a constexpr NamedTuple on as a Python value)
+    ISA: tl.constexpr = MX.ISA
+    SWIZZLED: tl.constexpr = MX.SWIZZLED
+    SCALE_STORE: tl.constexpr = MX.SCALE_STORE
     if MX.EMIT_Y:
         tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
     if MX.QUANT_OPS == "hw-bf16x2" and y.dtype == tl.bfloat16 and not MX.EMIT_Y:
-        codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, MX.ISA), BM, BC, MX.QUANT_OPS, MX.RULE, MX.ISA)
+        codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, ISA), BM, BC, QUANT_OPS, RULE, ISA)
     else:
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, MX.QUANT_OPS, MX.RULE, MX.ISA)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
     # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses, so no
     # shared-memory layout conversion between the loads and the code stores.
     q_offs = rows[:, None] * dst.stride_q + cols[None, :]
@@ -295,9 +300,9 @@ def _mx_epilogue(
         dst.scale_cols,
         dst.scale_cols_padded,
         dst.stride_s,
-        MX.SWIZZLED,
-        MX.SCALE_STORE,
-        MX.ISA,
+        SWIZZLED,
+        SCALE_STORE,
+        ISA,
     )
 
 
@@ -307,11 +312,16 @@ def _mx_epilogue(
 @triton.jit(do_not_specialize=["M", "scale_rows"])
 def _quant_kernel(x_ptr, stride_x, dst, M, scale_rows, K, BM: tl.constexpr, BC: tl.constexpr, MX: tl.constexpr):
     """MXFP8 of `[BM, BC]` tiles of x (a 2-D grid: row tiles by column tiles)."""
+    QUANT_OPS: tl.constexpr = MX.QUANT_OPS  # bundle fields passed on as arguments: constexprs
+    RULE: tl.constexpr = MX.RULE  # (Triton 3.6 passes a field of a constexpr NamedTuple on as a Python value)
+    ISA: tl.constexpr = MX.ISA
+    SWIZZLED: tl.constexpr = MX.SWIZZLED
+    SCALE_STORE: tl.constexpr = MX.SCALE_STORE
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, MX.QUANT_OPS, MX.RULE, MX.ISA)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
     tl.store(dst.q_ptr + rows[:, None] * dst.stride_q + cols[None, :], codes, mask=mask)
     scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
     _store_scales(
@@ -323,9 +333,9 @@ def _quant_kernel(x_ptr, stride_x, dst, M, scale_rows, K, BM: tl.constexpr, BC: 
         dst.scale_cols,
         dst.scale_cols_padded,
         dst.stride_s,
-        MX.SWIZZLED,
-        MX.SCALE_STORE,
-        MX.ISA,
+        SWIZZLED,
+        SCALE_STORE,
+        ISA,
     )
 
 

@@ -150,26 +150,36 @@ def _rstd(ssq, K, eps, BM: tl.constexpr, RSQRT: tl.constexpr, ISA: tl.constexpr)
 
 
 @triton.jit
-def _norm_rows(rows, row_mask, part, cols, io, K, eps, F: tl.constexpr, ISA: tl.constexpr):
+def _norm_rows(rows, row_mask, part, cols, io, K, eps, F: tl.constexpr, MX: tl.constexpr):
     """`(s, rstd)` of BM rows: the NCH fp32 chunks `s = x (+ residual)` and `1/rms` per row.
 
     All loads are issued before any use (one pass); residual_out is stored for the chunks
     this program finishes (`part` of F.SPLIT: J % SPLIT == part; all of them unsplit).
+    `F`: :class:`NormSpec`; `MX`: `triton_mx_quant.MxSpec` (its ISA).
     """
+    NCH: tl.constexpr = F.NCH  # bundle fields passed on: constexprs (see triton_norm_quant._norm_tile)
+    BM: tl.constexpr = F.BM
+    CH: tl.constexpr = F.CH
+    EVICT_FIRST: tl.constexpr = F.EVICT_FIRST
+    HAS_RES: tl.constexpr = F.HAS_RES
+    ROUND_SUM: tl.constexpr = F.ROUND_SUM
+    TREE: tl.constexpr = F.TREE
+    RSQRT: tl.constexpr = F.RSQRT
+    ISA: tl.constexpr = MX.ISA
     if F.LOAD_FENCE:
         # ptxas otherwise issues the weight loads only after the first use of x (after x's
         # round trip: a second, dependent one, exposed once the reduction is short); the
         # barrier keeps them ahead of the x / residual loads.
         tl.debug_barrier()
-    x = _load_chunks(io.x_ptr, rows, io.stride_x, cols, row_mask, K, F.NCH, F.EVICT_FIRST)
+    x = _load_chunks(io.x_ptr, rows, io.stride_x, cols, row_mask, K, NCH, EVICT_FIRST)
     r = x
-    if F.HAS_RES:
-        r = _load_chunks(io.r_ptr, rows, io.stride_r, cols, row_mask, K, F.NCH, F.EVICT_FIRST)
+    if HAS_RES:
+        r = _load_chunks(io.r_ptr, rows, io.stride_r, cols, row_mask, K, NCH, EVICT_FIRST)
     s = ()
-    for j in tl.static_range(F.NCH):
+    for j in tl.static_range(NCH):
         owner = F.SPLIT == 1 or part == j % F.SPLIT  # the constexpr True when a row is not split: no branch
-        s = s + (_sum_chunk(x[j], r[j], io.ro_ptr, rows, cols[j], row_mask, K, owner, F.HAS_RES, F.ROUND_SUM),)
-    rstd = _rstd(_sum_of_squares(s, F.NCH, F.BM, F.CH, F.TREE), K, eps, F.BM, F.RSQRT, ISA)
+        s = s + (_sum_chunk(x[j], r[j], io.ro_ptr, rows, cols[j], row_mask, K, owner, HAS_RES, ROUND_SUM),)
+    rstd = _rstd(_sum_of_squares(s, NCH, BM, CH, TREE), K, eps, BM, RSQRT, ISA)
     return s, rstd
 
 

@@ -158,15 +158,21 @@ def _norm_tile(tile, part, cols, w, io, dst, M, scale_rows, K, eps, F: tl.conste
     quantizes and stores only the chunks J with J % SPLIT == part: at decode sizes a row's
     tail work is spread over SPLIT SMs; the extra reads of the row hit L2.
     """
-    rows = tile.to(tl.int64) * F.BM + tl.arange(0, F.BM)
+    # bundle fields passed on as arguments are bound to constexprs first (Triton 3.6 passes
+    # a field of a constexpr NamedTuple on as a plain Python value)
+    BM: tl.constexpr = F.BM
+    CH: tl.constexpr = F.CH
+    NCH: tl.constexpr = F.NCH
+    ROUND_NORMALIZED: tl.constexpr = F.ROUND_NORMALIZED
+    rows = tile.to(tl.int64) * BM + tl.arange(0, BM)
     row_mask = rows < M
-    s, rstd = _norm_rows(rows, row_mask, part, cols, io, K, eps, F, MX.ISA)
-    for j in tl.static_range(F.NCH):
+    s, rstd = _norm_rows(rows, row_mask, part, cols, io, K, eps, F, MX)
+    for j in tl.static_range(NCH):
         if F.SPLIT == 1 or part == j % F.SPLIT:
-            yf, y = _normalize(s[j], w[j], rstd, io.x_ptr.dtype.element_ty, F.ROUND_NORMALIZED)
+            yf, y = _normalize(s[j], w[j], rstd, io.x_ptr.dtype.element_ty, ROUND_NORMALIZED)
             mask = row_mask[:, None] & (cols[j] < K)[None, :]
             if F.QUANT:
-                _mx_epilogue(yf, y, rows, cols[j], mask, j * (F.CH // 32), K, dst, scale_rows, F.BM, F.CH, MX)
+                _mx_epilogue(yf, y, rows, cols[j], mask, j * (CH // 32), K, dst, scale_rows, BM, CH, MX)
             else:
                 tl.store(dst.y_ptr + rows[:, None] * K + cols[j][None, :], y, mask=mask)
 
@@ -188,22 +194,27 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
     M .. pad128(M) (PAD_ROWS rows each); otherwise the tiles cover pad128(M) rows and the
     padding rows run the norm on zeros (which gives scale byte 0).
     """
+    NCH: tl.constexpr = F.NCH
+    CH: tl.constexpr = F.CH
+    PAD_ROWS: tl.constexpr = F.PAD_ROWS
+    PAD_WORDS: tl.constexpr = F.PAD_WORDS
+    LOOP_STAGES: tl.constexpr = F.LOOP_STAGES
     pid = tl.program_id(0)
     part = tl.program_id(1)
     stored_scale_rows = M if F.PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
     if F.PERSISTENT:
-        cols, w = _load_weight(io.w_ptr, K, weight_offset, F.NCH, F.CH)  # once per program
-        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=F.LOOP_STAGES):
+        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)  # once per program
+        for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
             _norm_tile(t, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
         if F.PAD_FILL:
-            for p in range(pid, tl.cdiv(scale_rows - M, F.PAD_ROWS), tl.num_programs(0)):
-                _zero_pad_scales(dst.sc_ptr, p, M, scale_rows, dst.scale_cols_padded, F.PAD_ROWS, F.PAD_WORDS)
+            for p in range(pid, tl.cdiv(scale_rows - M, PAD_ROWS), tl.num_programs(0)):
+                _zero_pad_scales(dst.sc_ptr, p, M, scale_rows, dst.scale_cols_padded, PAD_ROWS, PAD_WORDS)
     elif not F.PAD_FILL or pid < n_tiles:  # the constexpr True without PAD_FILL: no branch
-        cols, w = _load_weight(io.w_ptr, K, weight_offset, F.NCH, F.CH)
+        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)
         _norm_tile(pid, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
     else:
         p = (pid - n_tiles) * F.SPLIT + part
-        _zero_pad_scales(dst.sc_ptr, p, M, scale_rows, dst.scale_cols_padded, F.PAD_ROWS, F.PAD_WORDS)
+        _zero_pad_scales(dst.sc_ptr, p, M, scale_rows, dst.scale_cols_padded, PAD_ROWS, PAD_WORDS)
 
 
 # --------------------------------------------------------------------------- launchers
