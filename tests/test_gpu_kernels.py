@@ -719,7 +719,7 @@ def test_rule_values_are_checked():
     pytest.importorskip("triton")
     from mxfuse.ops import triton_norm_quant as tnq
 
-    assert tnq._rule_name(0) == "default" and tnq._rule_name(reference.QuantRule.TORCHAO) == "torchao"
+    assert tnq.rule_name(0) == "default" and tnq.rule_name(reference.QuantRule.TORCHAO) == "torchao"
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="rule"):
-            tnq._rule_name(bad)
+            tnq.rule_name(bad)

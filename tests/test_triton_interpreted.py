@@ -1,10 +1,31 @@
-"""Triton kernels that only move bytes, run by Triton's interpreter on CPU.
+"""The Triton kernels run by Triton's interpreter on CPU, checked on what it computes exactly.
 
-The interpreter rounds fp8 casts and bf16 arithmetic unlike a GPU (docs/design.md, "Fidelity"),
-so it proves nothing about the norm, quant or GEMM kernels; a kernel of uint8 loads and
-stores has no rounding, and there it is exact: the index math of the CUDA swizzle kernel
-is checked in CI, not only when a GPU is lent. The interpreter is chosen when Triton
-decorates a kernel, so the check runs in a fresh interpreter process.
+The interpreter rounds fp8 casts and bf16 arithmetic unlike a GPU (docs/design.md,
+"Fidelity": 116 of the 4096 fp32 -> e4m3 roundings and some bf16 products differ from
+torch's), so it cannot check the codes of arbitrary values. What it computes exactly, and
+what these tests pin bit for bit:
+
+- the E8M0 scale bytes: integer work on the bits of the block amax. Blocks whose amax sits
+  just below, at and just above 448 * 2**e for every fp32 exponent (subnormals included),
+  and NaN, +-Inf, zero and subnormal blocks, under both quant rules (`QuantRule`): the
+  quant kernel against `reference.quantize_rows`. A change of the kernel's rule (`>` to
+  `>=` on the mantissa, say) fails here.
+- the codes of values that are exact in e4m3 after scaling (an e4m3 value times a power of
+  two: any rounding gives the same code): every code store's index math.
+- every store of both layouts: row-major scales with any row stride, F8_128x4 offsets and
+  their padding zeros (outputs poisoned before each launch) against `reference.swizzle_scales`;
+- the norm kernel in every config the default dispatch picks at small shapes (split rows,
+  evict_first, several rows per tile, 1-4 chunks a row, paired bf16 rounding or not, the
+  swizzled padding fill), plain and with the residual, both rules: its scales equal the
+  reference scales of the y it emits (exact: the scale is a function of y), its codes
+  the quant kernel's codes of that y (the interpreter's cast on the same values), and
+  without emit_y the same bytes;
+- the packed SP kernels (codes and row-major scales written into the two views of one
+  `[M, K + K/32]` byte buffer): every byte, against the unpacked outputs;
+- the standalone swizzle kernel (uint8 moves only): against `reference.swizzle_scales`.
+
+The interpreter is chosen when Triton decorates a kernel, so each check runs in a fresh
+interpreter process (CUDA hidden).
 """
 
 from __future__ import annotations
@@ -18,29 +39,190 @@ import pytest
 
 pytest.importorskip("triton")
 
-CHECK_SWIZZLE = textwrap.dedent(
+PRELUDE = textwrap.dedent(
     """
     import itertools, sys
     import torch
-    from mxfuse.ops import reference, triton_norm_quant
+    from mxfuse.ops import reference, triton_mx_quant, triton_norm_quant
+    from mxfuse.ops.norm_quant_config import QuantConfig, norm_config, quant_config, row_chunks
+    from mxfuse.ops.reference import QuantRule
 
-    triton_norm_quant.SWIZZLE_BLOCK_COLS = int(sys.argv[1])
+    POISON = 0xAB
+    RULES = (QuantRule.DEFAULT, QuantRule.TORCHAO)
     g = torch.Generator().manual_seed(0)
-    for m, s in itertools.product([1, 2, 127, 128, 129, 300], [1, 3, 4, 5, 16, 17, 192, 200]):
-        packed = torch.randint(0, 255, (m, s + 40), generator=g, dtype=torch.uint8)
-        for scales in (packed[:, 40:].contiguous(), packed[:, 40:]):  # dense, and a view of a packed row
-            out = triton_norm_quant.swizzle_scales(scales)
-            want = reference.swizzle_scales(scales.contiguous())
-            assert torch.equal(out, want), (m, s, scales.stride(), (out != want).nonzero()[:4].tolist())
+
+    def u8(t):
+        return t.view(torch.uint8)
+
+    def poisoned(outputs):
+        for t in outputs:
+            if t is not None:
+                u8(t).fill_(POISON)
+        return outputs
+
+    def run_quant(x, swizzled, rule, config=None, out_codes=None, out_scales=None):
+        outputs, launch = triton_mx_quant.quant_launch(
+            x, swizzled, isa="portable", rule=rule, config=config, out_codes=out_codes, out_scales=out_scales
+        )
+        if out_codes is None:
+            poisoned(outputs)
+        launch.run()
+        return outputs
+
+    def want_scales(x, swizzled, rule):
+        codes, scales = reference.quantize_rows(x, rule)
+        return codes, reference.swizzle_scales(scales) if swizzled else scales
+
+    def where(a, b):
+        bad = (a != b).nonzero()
+        return f"{bad.shape[0]} differ, first {bad[:4].tolist()}"
+    """
+)
+
+CHECK_SCALES = textwrap.dedent(
+    """
+    # one block per amax: just below, at and just above 448 * 2**e for every exponent whose
+    # value is a positive finite fp32 (the boundary of scale byte e + 127 and the next)
+    amax = []
+    for e in range(-160, 130):
+        b = torch.tensor(448.0 * 2.0 ** e, dtype=torch.float64).float()
+        if torch.isfinite(b) and b > 0:
+            for v in (torch.nextafter(b, torch.tensor(0.0)), b, torch.nextafter(b, torch.tensor(float("inf")))):
+                amax.append(v)
+    tiny = torch.finfo(torch.float32).tiny
+    amax += [torch.tensor(v) for v in (tiny, tiny / 2, 1e-45, torch.finfo(torch.float32).max, 448.0, 1.0)]
+    amax = torch.stack(amax).float()
+    n = amax.shape[0]
+    assert n > 3 * 254, n
+    blocks = torch.rand(n, 32, generator=g) * amax[:, None] * 0.999
+    blocks = torch.where(torch.rand(n, 32, generator=g) < 0.5, -blocks, blocks)
+    pos = torch.randint(0, 32, (n,), generator=g)
+    sign = torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)
+    blocks[torch.arange(n), pos] = amax * sign
+    special = torch.rand(8, 32, generator=g)
+    special[0] = 0.0                                  # zero block
+    special[1] = torch.rand(32, generator=g) * 1e-40  # subnormal block
+    special[2, 5] = float("nan")                      # one NaN among values
+    special[3] = float("nan")                         # only NaN
+    special[4, 9] = float("inf")                      # +Inf
+    special[5, 0] = -float("inf")                     # -Inf
+    special[6, 3], special[6, 4] = float("nan"), float("inf")
+    special[7] = -0.0
+    blocks = torch.cat([blocks, special])
+    k = 1024
+    pad = (-blocks.shape[0]) % (k // 32)
+    blocks = torch.cat([blocks, torch.rand(pad, 32, generator=g)])
+    x = blocks.reshape(-1, k)
+    m = x.shape[0]
+    for rule, swizzled in itertools.product(RULES, (False, True)):
+        for config in (None, QuantConfig(block_rows=1, block_cols=128, num_warps=4)):
+            codes, scales = run_quant(x, swizzled, rule, config)
+            _, want = want_scales(x, swizzled, rule)
+            assert torch.equal(scales, want), (rule, swizzled, config, where(scales, want))
     print("ok")
     """
 )
 
+CHECK_QUANT_STORES = textwrap.dedent(
+    """
+    # values exact in e4m3 after scaling (an e4m3 value times a power of two): the codes
+    # too are exact, whatever the rounding; bf16 / fp32 inputs, every quant_config tile
+    finite = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = finite[torch.isfinite(finite)]
 
-@pytest.mark.parametrize("block_cols", [4, 16])
-def test_swizzle_kernel_matches_the_reference(block_cols):
+    def exact_rows(m, k, dtype):
+        v = finite[torch.randint(0, finite.numel(), (m, k), generator=g)]
+        e = torch.randint(-20, 20, (m, k // 32, 1), generator=g).float()
+        return (v.reshape(m, k // 32, 32) * torch.exp2(e)).reshape(m, k).to(dtype)
+
+    for (m, k), dtype, rule in itertools.product(
+        [(1, 32), (3, 96), (2, 1024), (5, 2080), (130, 160), (300, 64)], (torch.bfloat16, torch.float32), RULES
+    ):
+        x = exact_rows(m, k, dtype)
+        want_codes, want_rm = reference.quantize_rows(x, rule)
+        for swizzled in (False, True):
+            for config in {quant_config(k, mm) for mm in (1, 2, m, 4096)}:
+                codes, scales = run_quant(x, swizzled, rule, config)
+                want = reference.swizzle_scales(want_rm) if swizzled else want_rm
+                assert torch.equal(u8(codes), u8(want_codes)), (m, k, config, where(u8(codes), u8(want_codes)))
+                assert torch.equal(scales, want), (m, k, swizzled, config, where(scales, want))
+    # a strided input and strided outputs: the packed SP quant (codes, then scales, in one row)
+    m, k = 37, 192
+    x = exact_rows(m, k + 64, torch.bfloat16)[:, 64:]
+    packed = torch.full((m, k + k // 32), POISON, dtype=torch.uint8)
+    run_quant(x, False, QuantRule.DEFAULT, None, packed[:, :k].view(torch.float8_e4m3fn), packed[:, k:])
+    want_codes, want_rm = reference.quantize_rows(x)
+    assert torch.equal(packed, torch.cat([u8(want_codes), want_rm], dim=1)), where(packed[:, k:], want_rm)
+    # the standalone swizzle (uint8 moves): block widths, dense and strided sources
+    for block_cols in (4, 16):
+        triton_mx_quant.SWIZZLE_BLOCK_COLS = block_cols
+        for m, s in itertools.product([1, 2, 127, 128, 129, 300], [1, 3, 4, 5, 16, 17, 200]):
+            src = torch.randint(0, 255, (m, s + 40), generator=g, dtype=torch.uint8)
+            for scales in (src[:, 40:].contiguous(), src[:, 40:]):
+                out = triton_mx_quant.swizzle_scales(scales)
+                want = reference.swizzle_scales(scales.contiguous())
+                assert torch.equal(out, want), (block_cols, m, s, scales.stride(), where(out, want))
+    print("ok")
+    """
+)
+
+CHECK_NORM = textwrap.dedent(
+    """
+    # every config the default dispatch picks at these shapes (portable ISA: the interpreter's)
+    seen = set()
+
+    def fused(x, r, w, **kw):
+        outputs, launch = triton_norm_quant.norm_launch(x, r, w, 1e-6, quant=True, isa="portable", **kw)
+        poisoned(outputs)
+        launch.run()
+        return outputs
+
+    shapes = [(1, 32), (5, 96), (17, 160), (3, 1024), (2, 2080), (300, 32)]
+    for (m, k), has_res in itertools.product(shapes, (False, True)):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        r = torch.randn(m, k, generator=g).to(torch.bfloat16) if has_res else None
+        w = torch.randn(k, generator=g).to(torch.bfloat16)
+        seen.add(norm_config(k, m, plain_quant=not has_res, isa="portable"))
+        for swizzled, rule in itertools.product((False, True), RULES):
+            kw = dict(swizzled=swizzled, rule=rule, round_sum=has_res and rule == QuantRule.TORCHAO)
+            codes, scales, res, y = fused(x, r, w, emit_y=True, **kw)
+            want_codes, want = want_scales(y, swizzled, rule)
+            assert torch.equal(scales, want), (m, k, has_res, swizzled, rule, where(scales, want))
+            q_codes, _ = run_quant(y, False, rule)
+            assert torch.equal(u8(codes), u8(q_codes)), (m, k, has_res, swizzled, rule, where(u8(codes), u8(q_codes)))
+            # without y (paired bf16 rounding at these M): the same codes and scales
+            codes2, scales2, res2, _ = fused(x, r, w, **kw)
+            assert torch.equal(u8(codes2), u8(codes)) and torch.equal(scales2, scales), (m, k, swizzled, rule)
+            if not swizzled:
+                # the packed SP kernel: codes then row-major scales in one [M, K + K/32] byte row
+                packed = torch.full((m, k + k // 32), POISON, dtype=torch.uint8)
+                fused(x, r, w, out_codes=packed[:, :k].view(torch.float8_e4m3fn), out_scales=packed[:, k:], **kw)
+                assert torch.equal(packed, torch.cat([u8(codes), scales], dim=1)), (m, k, has_res, rule)
+        # the unfused norm: the same y and residual_out (rounded by the interpreter alike)
+        rs = kw["round_sum"]  # the last form's
+        outputs, launch = triton_norm_quant.norm_launch(x, r, w, 1e-6, quant=False, isa="portable", round_sum=rs)
+        poisoned(outputs)
+        launch.run()
+        assert torch.equal(outputs[3], y), (m, k, has_res)
+        if has_res:
+            assert torch.equal(outputs[2], res), (m, k, where(outputs[2], res))
+    # the configs these shapes reach: split rows, evict_first, several rows a tile, 1..4
+    # chunks, paired bf16 or not (norm_config's regimes below the persistent loop)
+    assert {c.split > 1 for c in seen} == {True, False}, seen
+    assert {c.evict_first for c in seen} == {True, False}, seen
+    assert {c.block_rows for c in seen} >= {1, 16} and {row_chunks(k)[1] for _, k in shapes} == {1, 3, 4}, seen
+    assert {c.quant_ops for c in seen} == {"hw", "hw-bf16x2"}, seen
+    print("ok", len(seen), "configs")
+    """
+)
+
+CHECKS = {"scales": CHECK_SCALES, "quant_stores": CHECK_QUANT_STORES, "norm": CHECK_NORM}
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_interpreted(check):
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, "-c", CHECK_SWIZZLE, str(block_cols)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", PRELUDE + CHECKS[check]], env=env, capture_output=True, text=True, timeout=600
     )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]

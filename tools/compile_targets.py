@@ -1,6 +1,6 @@
 """Compile every Triton kernel the ops can launch for every target, on a CPU (no GPU needed).
 
-The launches are the launchers' own (`triton_norm_quant.norm_launch` / `quant_launch` /
+The launches are the launchers' own (`triton_norm_quant.norm_launch`, `triton_mx_quant.quant_launch` /
 `swizzle_launch`, `triton_gemm.mxfp8_linear(run=...)`) on meta tensors, with the `ISA` a
 device of that target gets; each is compiled through Triton's own launch path (the JIT's
 argument specialization, then `triton.compile(ASTSource(...), target=GPUTarget(...))`),
@@ -230,9 +230,24 @@ def gpu_target(spec: str):
 
 
 def _mock(arg):
+    """Tensors replaced by Triton's MockTensor, inside argument bundles (tuples, NamedTuples) too."""
     from triton.runtime.jit import MockTensor
 
-    return MockTensor(arg.dtype) if isinstance(arg, torch.Tensor) else arg
+    if isinstance(arg, torch.Tensor):
+        return MockTensor(arg.dtype)
+    if isinstance(arg, tuple):
+        items = [_mock(a) for a in arg]
+        return type(arg)(*items) if hasattr(arg, "_fields") else tuple(items)
+    return arg
+
+
+def _leaves(args):
+    """The arguments with bundles (tuples, NamedTuples) flattened, in order."""
+    for a in args:
+        if isinstance(a, tuple):
+            yield from _leaves(a)
+        else:
+            yield a
 
 
 def _specialize(launch: KernelLaunch, target):
@@ -249,8 +264,9 @@ def _specialize(launch: KernelLaunch, target):
 
 
 def _compile_key(launch: KernelLaunch) -> tuple:
-    ints = tuple(a % 16 == 0 or a == 1 for a in launch.args if isinstance(a, int) and not isinstance(a, bool))
-    dtypes = tuple(str(a.dtype) for a in launch.args if isinstance(a, torch.Tensor))
+    leaves = list(_leaves(launch.args))
+    ints = tuple(a % 16 == 0 or a == 1 for a in leaves if isinstance(a, int) and not isinstance(a, bool))
+    dtypes = tuple(str(a.dtype) for a in leaves if isinstance(a, torch.Tensor))
     return (launch.kernel.__name__, tuple(sorted(launch.constexprs.items())), launch.num_warps, launch.num_stages,
             ints, dtypes)  # fmt: skip
 
