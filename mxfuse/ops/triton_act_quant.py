@@ -47,7 +47,8 @@ from triton.language.extra import libdevice
 
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_norm_quant import _mx_quant_tile, _out_views, _row_stride, _rule_name, _sm_count, _store_scales
+from mxfuse.ops.triton_mx_quant import _mx_quant_tile, _store_scales, out_views, row_stride, rule_name
+from mxfuse.ops.triton_norm_quant import _sm_count
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
 __all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch"]
@@ -254,9 +255,9 @@ def act_mul_launch(
     codes: torch.Tensor | None = None
     scales: torch.Tensor | None = None
     if quant:
-        codes, scales = _out_views(m, i, swizzled, dev, None, None)
+        codes, scales = out_views(m, i, swizzled, dev, None, None)
     outputs = (codes, scales, y)
-    rule_name = _rule_name(rule)
+    rule_key = rule_name(rule)
     scale_rows = padded_rows(m) if swizzled else m
     if scale_rows == 0 or i == 0:
         return outputs, None
@@ -268,8 +269,8 @@ def act_mul_launch(
     y_arg = y if y is not None else gate
     args = (
         gate, up, y_arg, codes if quant else gate, scales if quant else gate,
-        m, scale_rows, n_tiles, i, _row_stride(gate, i), _row_stride(up, i), _row_stride(y_arg, i),
-        _row_stride(codes, i) if codes is not None else i, _row_stride(scales, s) if scales is not None else s,
+        m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), row_stride(y_arg, i),
+        row_stride(codes, i) if codes is not None else i, row_stride(scales, s) if scales is not None else s,
         s, padded_scale_columns(i), float(alpha), float(limit),
     )  # fmt: skip
     constexprs = dict(
@@ -280,7 +281,7 @@ def act_mul_launch(
         SWIZZLED=swizzled,
         BM=cfg.block_rows,
         BC=cfg.block_cols,
-        RULE=rule_name,
+        RULE=rule_key,
         PAD_ROWS=SCALE_PAD_ROWS,
         ISA=isa,
     )

@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.ops.norm_quant_config import next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_norm_quant import _check2d, _check_k, _mx_quant_tile, _out_views, _rule_name, _store_scales
+from mxfuse.ops.triton_mx_quant import _mx_quant_tile, _store_scales, check2d, check_k, out_views, rule_name
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
 __all__ = ["gate_launch", "gated_norm_launch", "gated_rms_norm", "sigmoid_gate"]
@@ -259,7 +259,7 @@ def _outputs(x: torch.Tensor, quant: bool, swizzled: bool, emit_y: bool):
     y = torch.empty((m, k), dtype=x.dtype, device=x.device) if (emit_y or not quant) else None
     codes = scales = None
     if quant:
-        codes, scales = _out_views(m, k, swizzled, x.device, None, None)
+        codes, scales = out_views(m, k, swizzled, x.device, None, None)
     return codes, scales, y
 
 
@@ -275,16 +275,16 @@ def gate_launch(
     round_gate: bool = True,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gate kernel, not run (quant False: codes / scales None)."""
-    _check2d("x", x)
-    _check2d("gate", gate)
+    check2d("x", x)
+    check2d("gate", gate)
     m, k = x.shape
-    _check_k(k)
+    check_k(k)
     if gate.shape != x.shape:
         raise ValueError(f"triton_gated_quant: gate {tuple(gate.shape)} must match x {tuple(x.shape)}")
     swizzled = bool(quant and swizzled)
     codes, scales, y = _outputs(x, quant, swizzled, emit_y)
     scale_rows = padded_rows(m) if swizzled else m
-    rule_name = _rule_name(rule)
+    rule_key = rule_name(rule)
     if scale_rows == 0:
         return (codes, scales, y), None
     cfg = quant_config(k, m)
@@ -303,7 +303,7 @@ def gate_launch(
         BC=cfg.block_cols,
         QUANT_OPS=cfg.quant_ops,
         SCALE_STORE=cfg.scale_store,
-        RULE=rule_name,
+        RULE=rule_key,
         ISA=isa,
         PRECISE_EXP=x.device.type != "cpu",
     )
@@ -335,10 +335,10 @@ def gated_norm_launch(
     round_weighted: bool = False,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None)."""
-    _check2d("x", x)
-    _check2d("z", z)
+    check2d("x", x)
+    check2d("z", z)
     m, k = x.shape
-    _check_k(k)
+    check_k(k)
     if z.shape != x.shape:
         raise ValueError(f"triton_gated_quant: z {tuple(z.shape)} must match x {tuple(x.shape)}")
     if group_size <= 0 or group_size % 32 or k % group_size:
@@ -349,7 +349,7 @@ def gated_norm_launch(
     swizzled = bool(quant and swizzled)
     codes, scales, y = _outputs(x, quant, swizzled, emit_y)
     scale_rows = padded_rows(m) if swizzled else m
-    rule_name = _rule_name(rule)
+    rule_key = rule_name(rule)
     if scale_rows == 0:
         return (codes, scales, y), None
     gp, bm, warps = gated_norm_tile(group_size)
@@ -374,7 +374,7 @@ def gated_norm_launch(
         BM=bm,
         QUANT_OPS=cfg.quant_ops,
         SCALE_STORE=cfg.scale_store,
-        RULE=rule_name,
+        RULE=rule_key,
         ISA=isa,
         PRECISE_EXP=x.device.type != "cpu",
     )
