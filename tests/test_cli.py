@@ -659,22 +659,33 @@ def test_timing_sizes_the_l2_flush_and_input_sets_from_the_device(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("variable", "value", "error", "words"),
+    ("variable", "value", "words"),
     [
-        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', ValueError, "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
-        ("MXFUSE_OPTIONS", '{"fresh": 1}', TypeError, "fresh must be a bool, got 1"),
-        ("MXFUSE_DUMP_DIR", "/etc/passwd", ValueError, "dump_dir='/etc/passwd' is not a writable directory"),
+        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
+        ("MXFUSE_OPTIONS", '{"fresh": 1}', "fresh must be a bool, got 1"),
+        ("MXFUSE_OPTIONS", '{"strict": "yes"}', "strict must be a bool, got 'yes'"),
+        ("MXFUSE_OPTIONS", '{"sp_gaterh": "bf16"}', "unknown mxfuse option(s) 'sp_gaterh' (did you mean 'sp_gather'?)"),
+        ("MXFUSE_OPTIONS", '{"dump_dir": 3}', "dump_dir must be a str or None, got 3"),
+        ("MXFUSE_OPTIONS", "sp_gather=bf16", "not valid JSON"),
+        ("MXFUSE_OPTIONS", '["bf16"]', "must be a JSON object of mxfuse options"),
+        ("MXFUSE_STRICT", "yes", "must be 0 or 1"),
+        ("MXFUSE_DUMP_DIR", "/etc/passwd", "dump_dir='/etc/passwd' is not a writable directory"),
     ],
 )
-def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, error, words):
+def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, words):
+    """Every bad value is one `MxfuseOptionError` line naming the variable. It is a ValueError: pydantic
+    (vLLM's config) shows a ValueError's message and lets a TypeError through to argparse, which hides it."""
     import mxfuse
+    from mxfuse.passes.options import MxfuseOptionError
 
     monkeypatch.setenv(variable, value)
-    with pytest.raises(error) as info:
+    with pytest.raises(MxfuseOptionError) as info:
         mxfuse.post_grad_pass()
     message = str(info.value)
-    assert message.startswith(variable) and words in message and "\n" not in message
-    assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
+    assert isinstance(info.value, ValueError)
+    assert message.startswith(f"{variable}={value!r}: ") and words in message and "\n" not in message
+    if "mxfuse option " in words:  # a bad value of a known option: a keyword argument overrides it
+        assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
 
 
 def test_a_misspelled_option_lists_the_known_ones_and_the_closest(monkeypatch):
@@ -711,6 +722,53 @@ def test_a_bad_mxfuse_options_fails_when_vllm_builds_its_config():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("refused: ValidationError"), proc.stdout
     assert """MXFUSE_OPTIONS='{"sp_gather": "fp8"}': mxfuse option sp_gather must be one of""" in proc.stdout
+
+
+_VLLM_SERVE_PARSE = """
+import sys
+from unittest import mock
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+with mock.patch.object(type(current_platform), "device_type", "cpu"):  # vLLM's CUDA wheel on a CPU machine
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+parser.parse_args(["--compilation-config", sys.argv[1]])
+print("parsed")
+"""
+
+
+@pytest.mark.vllm
+def test_a_bad_mxfuse_options_is_shown_by_vllm_serves_own_argument_parser():
+    """`vllm serve --compilation-config '<the README's JSON>'` through vLLM's real parser
+    (`EngineArgs.add_cli_args`): each bad value's message reaches the user, naming the variable and, for
+    a typo, the closest option, instead of argparse's "invalid parse_dataclass value"."""
+    pytest.importorskip("vllm")
+    config = re.search(r"--compilation-config '(\{.*?\})'", (ROOT / "README.md").read_text())
+    assert config is not None and "mxfuse.vllm_pass" in config.group(1)
+    cases = {
+        '{"sp_gaterh": "bf16"}': "unknown mxfuse option(s) 'sp_gaterh' (did you mean 'sp_gather'?)",
+        '{"strict": "yes"}': "mxfuse option strict must be a bool, got 'yes'",
+        '{"sp_gather": "fp8"}': "mxfuse option sp_gather must be one of",
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = {  # one process each: vLLM builds the pass once, when its config first names it
+        value: subprocess.Popen(
+            [sys.executable, "-c", _VLLM_SERVE_PARSE, config.group(1)],
+            env={**env, "MXFUSE_OPTIONS": value},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for value in cases
+    }
+    for value, words in cases.items():
+        stdout, stderr = procs[value].communicate(timeout=900)
+        assert procs[value].returncode == 2, (stdout, stderr[-3000:])  # argparse's error exit
+        error = next(line for line in stderr.splitlines() if line.startswith("vllm serve: error:"))
+        assert "invalid parse_dataclass value" not in error, error
+        assert f"MXFUSE_OPTIONS={value!r}: {words}" in stderr, stderr[-3000:]
 
 
 def _rank_body_that_idles(rank, world, port, seconds):
