@@ -214,6 +214,98 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     assert out.rstrip().endswith("1 of 2 norms fused")
 
 
+_K_ODD_MODULE = """
+import torch
+import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(k, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.norm = LlamaRMSNorm(k)
+
+    def forward(self, x):
+        return torch.ops.mxfuse.mxfp8_quantize(self.norm(x))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.attn = Attention(k)
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+def llama_k_odd():
+    return Layer(120), torch.randn(8, 120, dtype=torch.bfloat16)
+"""
+
+
+def test_explain_a_model_that_fails_to_compile_is_one_line(tmp_path, monkeypatch, capsys):
+    """An op that refuses the user's shapes while Dynamo traces (hidden size 120) is one line naming the op,
+    the shape and the submodule that called it, not Dynamo's traceback; `--verbose` raises it whole."""
+    (tmp_path / "mxfuse_k_odd.py").write_text(_K_ODD_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    torch.compiler.reset()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", "--model", "mxfuse_k_odd:llama_k_odd"])
+    assert str(exit_info.value.code) == (
+        "mxfuse explain: mxfuse_k_odd:llama_k_odd did not compile: mxfuse::mxfp8_quantize: hidden size K=120 of "
+        "x (8, 120) bfloat16 on cpu is not a multiple of 32 (in attn (Attention.forward) at mxfuse_k_odd.py:22); "
+        "--verbose shows the traceback"
+    )
+    assert "mxfuse explain: mxfuse_k_odd:llama_k_odd on inputs bfloat16[8, 120]; " in capsys.readouterr().out
+    torch.compiler.reset()
+    with pytest.raises(Exception, match=r"K=120 of x \(8, 120\)") as raised:
+        main(["explain", "--model", "mxfuse_k_odd:llama_k_odd", "--verbose"])
+    assert not isinstance(raised.value, SystemExit)
+    torch.compiler.reset()
+
+
+def test_explain_flags_that_do_not_apply_to_a_factory_are_errors(tmp_path, monkeypatch, capsys):
+    """A factory returns its own inputs: `--tokens` with it is an error, not silently ignored; a file path
+    without `:factory` says what to write instead."""
+    (tmp_path / "mxfuse_k_odd.py").write_text(_K_ODD_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    line = _argparse_error(capsys, ["explain", "--model", "mxfuse_k_odd:llama_k_odd", "--tokens", "16"])
+    assert line == (
+        "mxfuse explain: error: --tokens applies to --model reference and hf-minimax-m3; "
+        "mxfuse_k_odd:llama_k_odd returns its own inputs"
+    )
+    line = _argparse_error(capsys, ["explain", "--model", "./mxfuse_k_odd.py"])
+    assert line == (
+        "mxfuse explain: error: argument --model: ./mxfuse_k_odd.py: expected pkg.module:factory, not a file "
+        "path: run from the file's directory with --model mxfuse_k_odd:FACTORY, FACTORY the function that "
+        "returns (module, example_inputs)"
+    )
+
+
+def test_the_runner_package_never_imports_the_parser_package():
+    """`mxfuse_cli` (parser, checks, no torch) imports `mxfuse.cli.<command>` to run it; `mxfuse.cli` takes
+    what it needs from `args` and never imports `mxfuse_cli`: one direction between the two."""
+    import ast
+
+    for path in sorted((ROOT / "mxfuse" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "mxfuse_cli" or n.startswith("mxfuse_cli.") for n in names), (path.name, names)
+
+
 def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
     """Every `--model` mistake is one line naming the spec and what was expected; the form, a path and a
     missing module are caught while parsing (before torch is imported: see the test below)."""
@@ -242,10 +334,10 @@ def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
         "def three_things():\n    return 1, 2, 3\n"
     )
     expected = {
-        "three": "is a int, expected a factory function returning (module, example_inputs)",
+        "three": "is an int, expected a factory function returning (module, example_inputs)",
         "needs": "the factory takes arguments (a, b=1); expected one called with none, returning "
         "(module, example_inputs)",
-        "wrong": "the factory returned a Identity, expected (module, example_inputs)",
+        "wrong": "the factory returned an Identity, expected (module, example_inputs)",
         "three_things": "the factory returned a tuple of 3 (int, int, int), expected (module, example_inputs)",
         "missing": "'mxfuse_bad_factories' has no attribute 'missing'",
     }

@@ -46,7 +46,7 @@ class Progress:
         self.label, self.out = label, out
         self.live = bool(getattr(out, "isatty", lambda: False)())
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self.elapsed = 0.0
 
     def __enter__(self):
@@ -54,8 +54,9 @@ class Progress:
         self.out.write(f"{self.label} ...")
         self.out.flush()
         if self.live:
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._tick, daemon=True)
+            thread.start()
+            self._thread = thread
         return self
 
     def _tick(self):
