@@ -293,6 +293,28 @@ def test_explain_flags_that_do_not_apply_to_a_factory_are_errors(tmp_path, monke
     )
 
 
+def test_a_warning_during_a_progress_line_is_printed_after_the_line():
+    """The pass's warning (a norm it left) is logged mid-compile: it comes after `compiling ... done`, not
+    inside the line; the logger's handlers are back afterwards."""
+    import logging
+
+    from mxfuse.cli.progress import Progress
+
+    shared = io.StringIO()  # the terminal: stdout and the log handler write to the same place
+    logger = logging.getLogger("mxfuse")
+    handler = logging.StreamHandler(shared)
+    logger.addHandler(handler)
+    try:
+        with Progress("compiling", shared):
+            logger.warning("mxfuse: 1 norm(s) feed an MXFP8 quant but were not fused")
+        assert logger.handlers[-1] is handler
+    finally:
+        logger.removeHandler(handler)
+    lines = shared.getvalue().splitlines()
+    assert lines[0].startswith("compiling ... done in "), lines
+    assert lines[1] == "mxfuse: 1 norm(s) feed an MXFP8 quant but were not fused"
+
+
 def test_the_runner_package_never_imports_the_parser_package():
     """`mxfuse_cli` (parser, checks, no torch) imports `mxfuse.cli.<command>` to run it; `mxfuse.cli` takes
     what it needs from `args` and never imports `mxfuse_cli`: one direction between the two."""

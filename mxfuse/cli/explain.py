@@ -7,7 +7,10 @@ import collections
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from mxfuse.passes.report import PassReport
 
 NAME = "explain"
 
@@ -25,7 +28,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     compile_and_run(target.fn, target.x, pass_obj, "compiling", out)
     graphs = [(g.verdicts, g.quant_inputs) for g in pass_obj.graphs]
     print_verdicts(graphs, args.source, out)
-    return 0 if not pass_obj.merged_report().failed else 1
+    report = pass_obj.merged_report()
+    print_savings(report, out)
+    return 0 if not report.failed else 1
 
 
 def run_factory(args: argparse.Namespace, out: TextIO) -> int:
@@ -33,6 +38,7 @@ def run_factory(args: argparse.Namespace, out: TextIO) -> int:
     from mxfuse.cli.progress import Progress
     from mxfuse.cli.targets import options_text, pass_options_from
     from mxfuse.passes.explain import explain_module
+    from mxfuse.passes.report import PassReport
 
     module, inputs = args.factory.load()  # a mistake in the spec: one line, from the command's main
     options = pass_options_from(args)
@@ -47,7 +53,17 @@ def run_factory(args: argparse.Namespace, out: TextIO) -> int:
         raise SystemExit(f"mxfuse explain: {args.model} did not compile: {compile_error_line(error, module)}") from None
     graphs = [(g.verdicts, g.quant_inputs) for g in explanation.graphs]
     print_verdicts(graphs, args.source, out, fixes=True)
-    return 0 if not any(g.report.failed for g in explanation.graphs) else 1
+    report = PassReport.merge(g.report for g in explanation.graphs)
+    print_savings(report, out)
+    return 0 if not report.failed else 1
+
+
+def print_savings(report: PassReport, out: TextIO):
+    """What the fused sites remove per step, derived from the op contracts (:mod:`mxfuse.passes.report`)."""
+    saved = report.savings_text()
+    if saved:
+        n = len(report.applied)
+        print(f"{n} site{'s' if n != 1 else ''} fused: {saved}, derived from the op contracts", file=out)
 
 
 def _shape_text(x: object) -> str:
