@@ -1,4 +1,4 @@
-"""mxfuse: compiler passes that fuse Gemma RMSNorm with MXFP8 quantization.
+"""mxfuse: compiler passes that fuse an RMSNorm (Gemma or standard) with the MXFP8 quantization of its output.
 
     torch.compile(model, options={"post_grad_custom_post_pass": mxfuse.post_grad_pass()})
 
@@ -83,13 +83,19 @@ def post_grad_pass(
 
 
 def explain(module, *example_inputs, options: PassOptions | None = None, dynamic: bool | None = None):
-    """Compile `module` with the passes, run it once, and return why each Gemma norm did or did not fuse.
+    """Compile `module` with the passes, run it once, and return why each RMSNorm (Gemma or standard) did or
+    did not fuse. `module`: an `nn.Module` or a function, called on `example_inputs`.
 
     Returns a :class:`mxfuse.passes.explain.Explanation` (its `verdicts`: node, norm kind,
     fused, the reason as a `RefusalCode` and as text, the fix, module path and source line).
     """
     from mxfuse.passes.explain import explain_module
 
+    if not callable(module):
+        raise TypeError(
+            f"mxfuse.explain(module, *example_inputs): module must be an nn.Module or a function, "
+            f"got {type(module).__name__} {module!r:.60}"
+        )
     return explain_module(module, *example_inputs, options=options, dynamic=dynamic)
 
 

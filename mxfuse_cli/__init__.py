@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import TextIO
 
 from mxfuse_cli import demo, dump, explain
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.check(args, args.parser)
 
+    # torch warns on import when numpy (not a dependency of torch or mxfuse) is absent; nothing here uses it
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     from mxfuse.cli.progress import quiet_torch_imports
 
     quiet_torch_imports()

@@ -113,9 +113,10 @@ def test_dump_reference(tmp_path):
     assert "torch.ops.mxfuse.gemma_rmsnorm_mxfp8" not in before.read_text()
     # depyf's files are there and described
     full = list(tmp_path.glob("full_code_for_*.py"))
-    assert full and f"| `{full[0].name}` | START HERE" in index
+    assert full and f"| `{full[0].name}` | the compiled function as Python" in index
+    assert index.count("START HERE") == 1  # where a user sees the fused ops, not Dynamo's guards
+    assert "| `mxfuse/mxfuse_000.after.py` | START HERE: the same graph after the mxfuse passes" in index
     assert re.search(r"\| `[^`]*kernel[^`]*\.py` \| the code Inductor generated", index)
-    assert "| `mxfuse/mxfuse_000.after.py` | the same graph after the mxfuse passes" in index
     assert "| `mxfuse/mxfuse_000.before.py` |" in index and "| `mxfuse/mxfuse_000.report.json` |" in index
     # what the passes replaced, from the report
     report = json.loads((tmp_path / "mxfuse/mxfuse_000.report.json").read_text())

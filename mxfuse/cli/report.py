@@ -69,6 +69,9 @@ def print_report(result: DemoResult, out: TextIO):
     row("first call", [f"{v.first_call_s:.2f} s" for v in variants])
     marks = {None: "(ref)", True: "yes", False: "NO"}
     row("bitwise == eager", [marks[v.bitwise_vs_eager] for v in variants])
+    if sum(v.launches is not None for v in variants) > 1:
+        print("  (first call: compile included; a later compile of the same model reuses Dynamo's and", file=out)
+        print("   Inductor's caches, so the first calls do not compare what the passes cost to compile)", file=out)
     if result.device.type == "cpu":
         print("  (on CPU the mxfuse ops run their plain-PyTorch reference code, not the Triton kernels:", file=out)
         print("   these times say nothing about the GPU)", file=out)

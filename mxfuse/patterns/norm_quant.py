@@ -57,7 +57,8 @@ FIXES: dict[RefusalCode, str] = {
     SharedCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
     SharedCode.EPS_INVALID: "give the norm a non-negative eps",
     SharedCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
-    SharedCode.NORM_ARITHMETIC: "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and "
+    SharedCode.NORM_ARITHMETIC: "if it is meant to be an RMSNorm (else leave it: this would change its arithmetic), "
+    "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and "
     "`(n * (1 + w.float())).to(dtype)` (Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm "
     "/ rms_norm",
     SharedCode.NORM_DTYPES: "give the norm weight the activations' dtype (bfloat16/float16) and cast the output back",
@@ -178,11 +179,14 @@ def _is_dead(norm: NormMatch) -> bool:
 def plan_one(norm: NormMatch) -> NormQuantFusion | Skip:
     """The fusion of one norm with the quants reading it, or why not."""
     viewed = quants_through_views(norm.y)
+    nothing_to_fuse = no_quant_reason(norm) if not viewed else None
+    if nothing_to_fuse is not None and nothing_to_fuse.code is SharedCode.NO_QUANT:
+        return skip(norm, nothing_to_fuse)  # no quant reads it: its dtype or shape is not why it stays
     reason = reject_reason(norm, runtime_eps=True)
     if reason is not None:
         return skip(norm, reason)
-    if not viewed:
-        return skip(norm, no_quant_reason(norm))
+    if nothing_to_fuse is not None:
+        return skip(norm, nothing_to_fuse)
     usable = [v for v in viewed if quant_reject_reason(v.quant) is None]
     if not usable:
         reason = quant_reject_reason(viewed[0].quant)

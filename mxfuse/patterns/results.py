@@ -50,6 +50,7 @@ class SharedCode(RefusalCode):
     DEVICE_MISMATCH = "input and weight on different devices"
     NORM_ARITHMETIC = "a norm whose arithmetic differs from the fused op's (named in the reason)"
     NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    NORM_CENTERED = "a LayerNorm: it subtracts the row mean first, which no fused op computes"
     ALLREDUCE_FUSED = "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)"
     NORM_DTYPES = (
         "a norm whose weight or output dtype differs from the activations' in a way the fused op does not compute"
