@@ -57,10 +57,9 @@ FIXES: dict[RefusalCode, str] = {
     SharedCode.EPS_NOT_CONSTANT: "pass eps as a Python float (a 0-d host tensor also works)",
     SharedCode.EPS_INVALID: "give the norm a non-negative eps",
     SharedCode.WEIGHT_SHAPE: "keep the norm weight a 1-D [K] tensor",
-    SharedCode.NORM_ARITHMETIC: "if it is meant to be an RMSNorm (else leave it: this would change its arithmetic), "
-    "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and "
+    SharedCode.NORM_ARITHMETIC: "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and "
     "`(n * (1 + w.float())).to(dtype)` (Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm "
-    "/ rms_norm",
+    "/ rms_norm, if it is meant to be an RMSNorm (else leave it: this would change its arithmetic)",
     SharedCode.NORM_DTYPES: "give the norm weight the activations' dtype (bfloat16/float16) and cast the output back",
     SharedCode.NORM_KERNEL: "leave vLLM's IR priority for the norm at its default (native), e.g. VLLM_USE_OINK_OPS=0 "
     "or VLLM_ROCM_USE_AITER_RMSNORM=0",
