@@ -1,4 +1,4 @@
-"""mxfuse: compiler passes that fuse Gemma RMSNorm with MXFP8 quantization.
+"""mxfuse: compiler passes that fuse an RMSNorm (Gemma or standard) with the MXFP8 quantization of its output.
 
     torch.compile(model, options={"post_grad_custom_post_pass": mxfuse.post_grad_pass()})
 
@@ -89,13 +89,20 @@ def post_grad_pass(
 def explain(
     module: Callable[..., Any], *example_inputs: Any, options: PassOptions | None = None, dynamic: bool | None = None
 ) -> Explanation:
-    """Compile `module` with the passes, run it once, and return why each Gemma norm did or did not fuse.
+    """Compile `module` with the passes, run it once, and return why each producer of an MXFP8 activation (an
+    RMSNorm, Gemma or standard; an act·mul; a gate) did or did not fuse. `module`: an `nn.Module` or a function,
+    called on `example_inputs`.
 
     Returns a :class:`mxfuse.passes.explain.Explanation` (its `verdicts`: node, norm kind,
     fused, the reason as a `RefusalCode` and as text, the fix, module path and source line).
     """
     from mxfuse.passes.explain import explain_module
 
+    if not callable(module):
+        raise TypeError(
+            f"mxfuse.explain(module, *example_inputs): module must be an nn.Module or a function, "
+            f"got {type(module).__name__} {module!r:.60}"
+        )
     return explain_module(module, *example_inputs, options=options, dynamic=dynamic)
 
 

@@ -17,7 +17,10 @@ Subcommands:
 - `mxfuse explain` (:mod:`mxfuse.cli.explain`): for every RMSNorm (Gemma or standard) of the compiled graph,
   whether it fused and, if not, why.
 
-Nothing here imports torch, `mxfuse` or vLLM.
+Nothing here imports torch, `mxfuse` or vLLM. The two packages depend in one direction: this
+one imports `mxfuse.cli.<command>` to run it, with everything the runner needs on `args` (the
+checked values, the parsed `--model` factory spec, the dump's manifest name); `mxfuse.cli`
+never imports `mxfuse_cli`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import TextIO
 
 from mxfuse_cli import demo, dump, explain
+from mxfuse_cli.model_spec import ModelSpecError
 
 SUBCOMMANDS = (demo, explain, dump)
 
@@ -73,11 +78,15 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.check(args, args.parser)
 
+    # torch warns on import when numpy (not a dependency of torch or mxfuse) is absent; nothing here uses it
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     from mxfuse.cli.progress import quiet_torch_imports
 
     quiet_torch_imports()
     try:
         return importlib.import_module(f"mxfuse.cli.{args.command_module}").run(args, out or sys.stdout)
+    except ModelSpecError as e:  # `--model pkg.module:factory` that cannot give a module and its inputs
+        raise SystemExit(f"mxfuse {args.command}: --model {e}") from None
     except KeyboardInterrupt:  # the spawned ranks are gone already (run_ranks ends them)
         print(f"\nmxfuse {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
 from mxfuse_cli.model_spec import FORM, RETURNS, ModelSpecError, check_findable, parse
+
+DEFAULT_TOKENS = 64
 
 CONFIG_NAMES = ("tiny", "m3-flash-tp4")
 SP_GATHER_MODES = ("auto", "bf16", "mxfp8")
@@ -52,6 +55,12 @@ def model_spec(text: str) -> str:
     if text in MODEL_NAMES:
         return text
     if ":" not in text:
+        if text.endswith(".py") or "/" in text or os.sep in text:  # a file: say what to write instead
+            name = os.path.splitext(os.path.basename(text))[0]
+            raise argparse.ArgumentTypeError(
+                f"{text}: expected {FORM}, not a file path: run from the file's directory with "
+                f"--model {name}:FACTORY, FACTORY the function that returns {RETURNS}"
+            )
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(MODEL_NAMES)} or {FORM}, got {text!r}")
     try:
         check_findable(parse(text))
@@ -79,7 +88,12 @@ def add_model_args(p: argparse.ArgumentParser, factories: bool = False):
         )
     else:
         p.add_argument("--model", choices=MODEL_NAMES, default="reference", help="what to compile (default: reference)")
-    p.add_argument("--tokens", type=positive_int, default=64, help="tokens (rows) of the input (default 64)")
+    p.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=None,
+        help=f"tokens (rows) of the input (default {DEFAULT_TOKENS}; a factory's inputs are its own)",
+    )
     p.add_argument("--config", choices=CONFIG_NAMES, default="tiny", help="reference model shapes (default: tiny)")
     p.add_argument("--layers", type=positive_int, default=None, help="reference model: override the number of layers")
     add_device_arg(p)
@@ -87,10 +101,17 @@ def add_model_args(p: argparse.ArgumentParser, factories: bool = False):
 
 
 def check_model_args(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """Reference-model flags given with the Hugging Face layer are an error, not silently ignored."""
+    """Flags that do not apply to the model asked for are an error, not silently ignored. Sets
+    `args.factory`: the parsed :class:`~mxfuse_cli.model_spec.ModelSpec` of `--model pkg.module:factory`
+    (what :mod:`mxfuse.cli.explain` loads), else None."""
+    args.factory = parse(args.model) if is_factory(args.model) else None
+    if args.factory is not None and args.tokens is not None:
+        parser.error(f"--tokens applies to --model reference and hf-minimax-m3; {args.model} returns its own inputs")
+    if args.factory is None and args.tokens is None:
+        args.tokens = DEFAULT_TOKENS
     if args.model == "reference":
         return
-    if is_factory(args.model) and args.device == "cuda":
+    if args.factory is not None and args.device == "cuda":
         parser.error(f"--device cuda applies to --model reference; {args.model} places its own module and inputs")
     if args.layers is not None:
         parser.error(f"--layers applies to --model reference, not {args.model}")

@@ -40,6 +40,7 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser):
     check_model_args(args, parser)
     require("depyf", f"mxfuse {NAME}")
     args.out_dir, args.cleared = prepare_out_dir(args.out, args.force)
+    args.manifest = MANIFEST
 
 
 def _fail(message: str):

@@ -18,5 +18,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     add_model_args(p, factories=True)
     p.add_argument("--source", action="store_true", help="also print the source line of each norm")
+    p.add_argument(
+        "--verbose", action="store_true", help="a model that fails to compile: the whole traceback, not one line"
+    )
     p.set_defaults(check=check_model_args)
     return p

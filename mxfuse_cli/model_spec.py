@@ -34,6 +34,10 @@ class ModelSpec:
     def __str__(self) -> str:
         return f"{self.module}:{self.attr}"
 
+    def load(self) -> tuple[Any, tuple]:
+        """`(module, example_inputs)` from the factory (:func:`load`)."""
+        return load(self)
+
 
 def _dotted_names(text: str) -> bool:
     return all(part.isidentifier() for part in text.split("."))
@@ -87,7 +91,7 @@ def load(spec: ModelSpec) -> tuple[Any, tuple]:
             raise ModelSpecError(f"{spec}: {getattr(obj, '__name__', obj)!r} has no attribute {part!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ModelSpecError(f"{spec}: is a {type(obj).__name__}, expected a factory function returning {RETURNS}")
+        raise ModelSpecError(f"{spec}: is {_a(type(obj).__name__)}, expected a factory function returning {RETURNS}")
     try:
         inspect.signature(obj).bind()
     except TypeError:
@@ -104,7 +108,12 @@ def load(spec: ModelSpec) -> tuple[Any, tuple]:
     return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
+def _a(noun: str) -> str:
+    """`noun` with its indefinite article ("an int", "a tuple")."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, tuple):
         return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
-    return f"a {type(value).__name__}"
+    return _a(type(value).__name__)

@@ -115,9 +115,10 @@ def test_dump_reference(tmp_path):
     assert "torch.ops.mxfuse.gemma_rmsnorm_mxfp8" not in before.read_text()
     # depyf's files are there and described
     full = list(tmp_path.glob("full_code_for_*.py"))
-    assert full and f"| `{full[0].name}` | START HERE" in index
+    assert full and f"| `{full[0].name}` | the compiled function as Python" in index
+    assert index.count("START HERE") == 1  # where a user sees the fused ops, not Dynamo's guards
+    assert "| `mxfuse/mxfuse_000.after.py` | START HERE: the same graph after the mxfuse passes" in index
     assert re.search(r"\| `[^`]*kernel[^`]*\.py` \| the code Inductor generated", index)
-    assert "| `mxfuse/mxfuse_000.after.py` | the same graph after the mxfuse passes" in index
     assert "| `mxfuse/mxfuse_000.before.py` |" in index and "| `mxfuse/mxfuse_000.report.json` |" in index
     # what the passes replaced, from the report
     report = json.loads((tmp_path / "mxfuse/mxfuse_000.report.json").read_text())
@@ -169,7 +170,10 @@ def test_explain_reference(capsys):
     assert "return torch.ops.mxfuse.gemma_fused_add_rmsnorm(x, residual, self.w, self.eps)" in out
     assert "MXFP8 quants not fed by a recognized norm (left as they are): 1" in out
     assert "1 read getitem of aten._scaled_dot_product_flash_attention_for_cpu" in out  # o_proj's
-    assert out.rstrip().endswith("3 of 4 norms fused")
+    assert out.rstrip().endswith(
+        "3 of 4 norms fused\n2 sites fused: 2 fewer launches per step, 2 KiB less memory traffic per token "
+        "(16 MiB per 8192-token step), derived from the op contracts"
+    )
     torch.compiler.reset()
 
 
@@ -214,7 +218,124 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     assert "[hf:plain] at mxfuse_cli_factory.py:" in lines[unfused - 1]
     assert "nor Gemma's `1 + w`" in lines[unfused]
     assert lines[unfused + 1].startswith("fix: ") and "gemma_rmsnorm" in lines[unfused + 1]
-    assert out.rstrip().endswith("1 of 2 norms fused")
+    assert out.rstrip().endswith(
+        "1 of 2 norms fused\n1 site fused: 1 fewer launch per step, 256 B less memory traffic per token "
+        "(2 MiB per 8192-token step), derived from the op contracts"
+    )
+
+
+_K_ODD_MODULE = """
+import torch
+import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(k, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.norm = LlamaRMSNorm(k)
+
+    def forward(self, x):
+        return torch.ops.mxfuse.mxfp8_quantize(self.norm(x))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.attn = Attention(k)
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+def llama_k_odd():
+    return Layer(120), torch.randn(8, 120, dtype=torch.bfloat16)
+"""
+
+
+def test_explain_a_model_that_fails_to_compile_is_one_line(tmp_path, monkeypatch, capsys):
+    """An op that refuses the user's shapes while Dynamo traces (hidden size 120) is one line naming the op,
+    the shape and the submodule that called it, not Dynamo's traceback; `--verbose` raises it whole."""
+    (tmp_path / "mxfuse_k_odd.py").write_text(_K_ODD_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    torch.compiler.reset()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", "--model", "mxfuse_k_odd:llama_k_odd"])
+    assert str(exit_info.value.code) == (
+        "mxfuse explain: mxfuse_k_odd:llama_k_odd did not compile: mxfuse::mxfp8_quantize: hidden size K=120 of "
+        "x (8, 120) bfloat16 on cpu is not a multiple of 32 (in attn (Attention.forward) at mxfuse_k_odd.py:22); "
+        "--verbose shows the traceback"
+    )
+    assert "mxfuse explain: mxfuse_k_odd:llama_k_odd on inputs bfloat16[8, 120]; " in capsys.readouterr().out
+    torch.compiler.reset()
+    with pytest.raises(Exception, match=r"K=120 of x \(8, 120\)") as raised:
+        main(["explain", "--model", "mxfuse_k_odd:llama_k_odd", "--verbose"])
+    assert not isinstance(raised.value, SystemExit)
+    torch.compiler.reset()
+
+
+def test_explain_flags_that_do_not_apply_to_a_factory_are_errors(tmp_path, monkeypatch, capsys):
+    """A factory returns its own inputs: `--tokens` with it is an error, not silently ignored; a file path
+    without `:factory` says what to write instead."""
+    (tmp_path / "mxfuse_k_odd.py").write_text(_K_ODD_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    line = _argparse_error(capsys, ["explain", "--model", "mxfuse_k_odd:llama_k_odd", "--tokens", "16"])
+    assert line == (
+        "mxfuse explain: error: --tokens applies to --model reference and hf-minimax-m3; "
+        "mxfuse_k_odd:llama_k_odd returns its own inputs"
+    )
+    line = _argparse_error(capsys, ["explain", "--model", "./mxfuse_k_odd.py"])
+    assert line == (
+        "mxfuse explain: error: argument --model: ./mxfuse_k_odd.py: expected pkg.module:factory, not a file "
+        "path: run from the file's directory with --model mxfuse_k_odd:FACTORY, FACTORY the function that "
+        "returns (module, example_inputs)"
+    )
+
+
+def test_a_warning_during_a_progress_line_is_printed_after_the_line():
+    """The pass's warning (a norm it left) is logged mid-compile: it comes after `compiling ... done`, not
+    inside the line; the logger's handlers are back afterwards."""
+    import logging
+
+    from mxfuse.cli.progress import Progress
+
+    shared = io.StringIO()  # the terminal: stdout and the log handler write to the same place
+    logger = logging.getLogger("mxfuse")
+    handler = logging.StreamHandler(shared)
+    logger.addHandler(handler)
+    try:
+        with Progress("compiling", shared):
+            logger.warning("mxfuse: 1 norm(s) feed an MXFP8 quant but were not fused")
+        assert logger.handlers[-1] is handler
+    finally:
+        logger.removeHandler(handler)
+    lines = shared.getvalue().splitlines()
+    assert lines[0].startswith("compiling ... done in "), lines
+    assert lines[1] == "mxfuse: 1 norm(s) feed an MXFP8 quant but were not fused"
+
+
+def test_the_runner_package_never_imports_the_parser_package():
+    """`mxfuse_cli` (parser, checks, no torch) imports `mxfuse.cli.<command>` to run it; `mxfuse.cli` takes
+    what it needs from `args` and never imports `mxfuse_cli`: one direction between the two."""
+    import ast
+
+    for path in sorted((ROOT / "mxfuse" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "mxfuse_cli" or n.startswith("mxfuse_cli.") for n in names), (path.name, names)
 
 
 def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
@@ -245,10 +366,10 @@ def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
         "def three_things():\n    return 1, 2, 3\n"
     )
     expected = {
-        "three": "is a int, expected a factory function returning (module, example_inputs)",
+        "three": "is an int, expected a factory function returning (module, example_inputs)",
         "needs": "the factory takes arguments (a, b=1); expected one called with none, returning "
         "(module, example_inputs)",
-        "wrong": "the factory returned a Identity, expected (module, example_inputs)",
+        "wrong": "the factory returned an Identity, expected (module, example_inputs)",
         "three_things": "the factory returned a tuple of 3 (int, int, int), expected (module, example_inputs)",
         "missing": "'mxfuse_bad_factories' has no attribute 'missing'",
     }
@@ -263,7 +384,8 @@ def test_explain_model_factory_bad_spec(capsys, tmp_path, monkeypatch):
 
 
 def test_explain_is_pure_and_reports_each_reason():
-    """explain() on a hand-made graph: the graph is untouched; K % 32, no quant, fused, option off."""
+    """explain() on a hand-made graph: the graph is untouched; no quant (before any other reason: a norm no
+    quant reads is not fused whatever its K or dtype), fused, option off."""
     mx = torch.ops.mxfuse
 
     def hf_norm(x, w, eps=1e-6):  # Hugging Face's Gemma RMSNorm, decomposed
@@ -273,7 +395,7 @@ def test_explain_is_pure_and_reports_each_reason():
     def fn(x, r, w, x40, w40):
         y, r2 = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6)
         q, s = mx.mxfp8_quantize(y)
-        z = hf_norm(x40, w40)  # K = 40: not a multiple of 32
+        z = hf_norm(x40, w40)  # K = 40, not a multiple of 32, but what leaves it is that no quant reads it
         return q, s, r2, z, mx.gemma_rmsnorm(r2, w, 1e-5)
 
     args = (torch.randn(4, 64).bfloat16(), torch.randn(4, 64).bfloat16(), torch.randn(64).bfloat16())
@@ -296,7 +418,7 @@ def test_explain_is_pure_and_reports_each_reason():
     details = {v.kind: (v.fused, v.detail) for v in on}
     assert details == {
         "mxfuse:fused_add": (True, "mxfuse:fused_add->mxfuse_quant:rowmajor"),
-        "hf:plain": (False, "hidden size K=40 is not a multiple of 32"),
+        "hf:plain": (False, "no MXFP8 quant reads its output (read by: the graph output)"),
         "mxfuse:plain": (False, "no MXFP8 quant reads its output (read by: the graph output)"),
     }
     assert all(v.source and v.source.startswith("test_cli.py:") for v in on)
@@ -662,22 +784,33 @@ def test_timing_sizes_the_l2_flush_and_input_sets_from_the_device(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("variable", "value", "error", "words"),
+    ("variable", "value", "words"),
     [
-        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', ValueError, "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
-        ("MXFUSE_OPTIONS", '{"fresh": 1}', TypeError, "fresh must be a bool, got 1"),
-        ("MXFUSE_DUMP_DIR", "/etc/passwd", ValueError, "dump_dir='/etc/passwd' is not a writable directory"),
+        ("MXFUSE_OPTIONS", '{"sp_gather": "fp8"}', "sp_gather must be one of ('auto', 'bf16', 'mxfp8')"),
+        ("MXFUSE_OPTIONS", '{"fresh": 1}', "fresh must be a bool, got 1"),
+        ("MXFUSE_OPTIONS", '{"strict": "yes"}', "strict must be a bool, got 'yes'"),
+        ("MXFUSE_OPTIONS", '{"sp_gaterh": "bf16"}', "unknown mxfuse option(s) 'sp_gaterh' (did you mean 'sp_gather'?)"),
+        ("MXFUSE_OPTIONS", '{"dump_dir": 3}', "dump_dir must be a str or None, got 3"),
+        ("MXFUSE_OPTIONS", "sp_gather=bf16", "not valid JSON"),
+        ("MXFUSE_OPTIONS", '["bf16"]', "must be a JSON object of mxfuse options"),
+        ("MXFUSE_STRICT", "yes", "must be 0 or 1"),
+        ("MXFUSE_DUMP_DIR", "/etc/passwd", "dump_dir='/etc/passwd' is not a writable directory"),
     ],
 )
-def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, error, words):
+def test_bad_options_from_the_environment_name_the_variable(monkeypatch, variable, value, words):
+    """Every bad value is one `MxfuseOptionError` line naming the variable. It is a ValueError: pydantic
+    (vLLM's config) shows a ValueError's message and lets a TypeError through to argparse, which hides it."""
     import mxfuse
+    from mxfuse.passes.options import MxfuseOptionError
 
     monkeypatch.setenv(variable, value)
-    with pytest.raises(error) as info:
+    with pytest.raises(MxfuseOptionError) as info:
         mxfuse.post_grad_pass()
     message = str(info.value)
-    assert message.startswith(variable) and words in message and "\n" not in message
-    assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
+    assert isinstance(info.value, ValueError)
+    assert message.startswith(f"{variable}={value!r}: ") and words in message and "\n" not in message
+    if "mxfuse option " in words:  # a bad value of a known option: a keyword argument overrides it
+        assert mxfuse.post_grad_pass(sp_gather="bf16", fresh=True, dump_dir=None, strict=True)
 
 
 def test_a_misspelled_option_lists_the_known_ones_and_the_closest(monkeypatch):
@@ -714,6 +847,53 @@ def test_a_bad_mxfuse_options_fails_when_vllm_builds_its_config():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("refused: ValidationError"), proc.stdout
     assert """MXFUSE_OPTIONS='{"sp_gather": "fp8"}': mxfuse option sp_gather must be one of""" in proc.stdout
+
+
+_VLLM_SERVE_PARSE = """
+import sys
+from unittest import mock
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+with mock.patch.object(type(current_platform), "device_type", "cpu"):  # vLLM's CUDA wheel on a CPU machine
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+parser.parse_args(["--compilation-config", sys.argv[1]])
+print("parsed")
+"""
+
+
+@pytest.mark.vllm
+def test_a_bad_mxfuse_options_is_shown_by_vllm_serves_own_argument_parser():
+    """`vllm serve --compilation-config '<the README's JSON>'` through vLLM's real parser
+    (`EngineArgs.add_cli_args`): each bad value's message reaches the user, naming the variable and, for
+    a typo, the closest option, instead of argparse's "invalid parse_dataclass value"."""
+    pytest.importorskip("vllm")
+    config = re.search(r"--compilation-config '(\{.*?\})'", (ROOT / "README.md").read_text())
+    assert config is not None and "mxfuse.vllm_pass" in config.group(1)
+    cases = {
+        '{"sp_gaterh": "bf16"}': "unknown mxfuse option(s) 'sp_gaterh' (did you mean 'sp_gather'?)",
+        '{"strict": "yes"}': "mxfuse option strict must be a bool, got 'yes'",
+        '{"sp_gather": "fp8"}': "mxfuse option sp_gather must be one of",
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = {  # one process each: vLLM builds the pass once, when its config first names it
+        value: subprocess.Popen(
+            [sys.executable, "-c", _VLLM_SERVE_PARSE, config.group(1)],
+            env={**env, "MXFUSE_OPTIONS": value},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for value in cases
+    }
+    for value, words in cases.items():
+        stdout, stderr = procs[value].communicate(timeout=900)
+        assert procs[value].returncode == 2, (stdout, stderr[-3000:])  # argparse's error exit
+        error = next(line for line in stderr.splitlines() if line.startswith("vllm serve: error:"))
+        assert "invalid parse_dataclass value" not in error, error
+        assert f"MXFUSE_OPTIONS={value!r}: {words}" in stderr, stderr[-3000:]
 
 
 def _rank_body_that_idles(rank, world, port, seconds):

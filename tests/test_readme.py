@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,15 +23,72 @@ def code_blocks(language: str) -> list[str]:
 
 def test_python_examples_run_and_print_what_the_readme_shows():
     runnable = [block for block in code_blocks("python") if block.lstrip().startswith("import")]
-    assert runnable, "the README lost its torch.compile example"
+    assert len(runnable) >= 2, "the README lost its torch.compile or its torchao example"
+    summaries = []
     for block in runnable:
         printed = io.StringIO()
         torch._dynamo.reset()  # a fresh compile, as on a new machine (conftest keeps Inductor's cache off)
+        namespace = {"__name__": "readme_example"}
         with contextlib.redirect_stdout(printed):
-            exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
+            exec(compile(block, "README.md", "exec"), namespace)
         shown = [line.removeprefix("# ").strip() for line in block.splitlines() if line.startswith("# {")]
         if shown:
             assert printed.getvalue().strip().splitlines()[-len(shown) :] == shown
+        if namespace.get("report") is not None:
+            summaries.append(namespace["report"].summary())
+    # the INFO line the README shows is the one its torch.compile example logs
+    logged = [line for block in code_blocks("text") for line in block.splitlines() if line.startswith("mxfuse: fused")]
+    assert logged and all(line in summaries for line in logged), (logged, summaries)
+
+
+def _table(heading: str) -> list[list[str]]:
+    section = README.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row] for row in rows[2:]]  # past the header and its rule
+
+
+def test_the_derived_savings_table_is_the_op_contract():
+    """Per model row: two fused sites per layer, each removing one launch and 2 x K x 2 bytes per token (the
+    bf16 norm output written and read back), as `PassReport` derives them for the log and `mxfuse explain`."""
+    from mxfuse.passes.report import PassReport, SiteRecord, size_text
+    from mxfuse.patterns.producer_quant import ProducerQuantKind
+    from mxfuse.patterns.producers import ProducerFamily
+
+    rows = _table("### What a fused site removes, derived")
+    assert len(rows) >= 3
+    kind = ProducerQuantKind(
+        "vllm_ir:fused_add_rms_norm", "vllm", "swizzled", writes_y=False, family=ProducerFamily.NORM
+    )
+    for model, k, layers, launches, per_token, decode, prefill in rows:
+        sites = [SiteRecord("norm_quant", kind, f"y{i}", (), row_bytes=2 * int(k)) for i in range(2 * int(layers))]
+        report = PassReport(applied=sites)
+        per_row, unknown = report.bytes_saved_per_row()
+        assert unknown == 0 and int(launches) == report.launches_saved(), model
+        assert [per_token, decode, prefill] == [size_text(per_row * t) for t in (1, 64, 8192)], model
+
+
+@pytest.mark.vllm
+def test_the_logging_config_for_vllm_serve_shows_the_mxfuse_lines(tmp_path):
+    """`VLLM_LOGGING_CONFIG_PATH=logging.json` with the README's JSON: vLLM loads it (replacing its own), and
+    both vLLM's lines and the `mxfuse` logger's INFO lines are printed."""
+    pytest.importorskip("vllm")
+    (config,) = code_blocks("json")
+    (tmp_path / "logging.json").write_text(config)
+    code = (
+        "import argparse, logging\n"
+        "import vllm.logger\n"
+        "vllm.logger.configure_logging_from_args(argparse.Namespace())\n"  # what `vllm serve` does first
+        "vllm.logger.init_logger('vllm.probe').info('vllm line')\n"
+        "logging.getLogger('mxfuse').info('mxfuse: fused 1 of 1 site')\n"
+        "logging.getLogger('mxfuse').debug('mxfuse: debug detail')\n"
+    )
+    env = {**os.environ, "VLLM_LOGGING_CONFIG_PATH": str(tmp_path / "logging.json")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("INFO ") and line.endswith("[vllm.probe] vllm line") for line in lines), lines
+    assert any(line.startswith("INFO ") and line.endswith("[mxfuse] mxfuse: fused 1 of 1 site") for line in lines)
+    assert "debug detail" not in proc.stdout
 
 
 def test_ci_runs_exactly_the_readme_test_command():

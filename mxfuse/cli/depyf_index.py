@@ -17,8 +17,8 @@ _DEPYF_FILES = (
     (
         "full_code_for_*.py",
         (
-            "START HERE: the compiled function as Python: Dynamo's transformed bytecode, decompiled, "
-            "with the source of every graph and guard it calls"
+            "the compiled function as Python: Dynamo's transformed bytecode, decompiled, with its guards "
+            "and the graphs it calls (no fused op: those are in `mxfuse/*.after.py`)"
         ),
     ),
     ("__transformed_code_*.py", "Dynamo's rewritten Python for one function (calls __compiled_fn_*)"),
@@ -63,7 +63,7 @@ def write_index(
         stage = path.name.split(".")[-2]
         what = {
             "before": "the post-grad FX graph handed to the mxfuse passes (Inductor's own post-grad passes done)",
-            "after": "the same graph after the mxfuse passes: the fused `torch.ops.mxfuse.*_mxfp8` ops",
+            "after": "START HERE: the same graph after the mxfuse passes: the fused `torch.ops.mxfuse.*_mxfp8` ops",
             "report": "the pass report: matched kinds, skipped norms with reasons, replaced nodes",
         }.get(stage, "")
         lines.append(f"| `mxfuse/{path.name}` | {what} |")

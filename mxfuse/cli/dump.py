@@ -13,8 +13,6 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-from mxfuse_cli.dump import MANIFEST
-
 NAME = "dump"
 
 
@@ -30,6 +28,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from mxfuse.cli.targets import build_target, options_text, pass_options_from
 
     out_dir: Path = args.out_dir
+    manifest: str = args.manifest  # the list of the files this dump writes, that --force removes next time
     if args.cleared:
         print(f"mxfuse dump: removed the {args.cleared} files of the earlier dump in {out_dir}", file=out)
     existing = _files_under(out_dir)
@@ -47,9 +46,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         written = sorted(_files_under(out_dir) - existing)
         index = write_index(out_dir, written, target, options, report, codes)
     finally:  # even a failed compile leaves a list, so that --force can clear what it wrote
-        written = sorted(_files_under(out_dir) - existing - {Path(MANIFEST)})
+        written = sorted(_files_under(out_dir) - existing - {Path(manifest)})
         if written:
-            (out_dir / MANIFEST).write_text(json.dumps({"files": [str(p) for p in written]}, indent=1) + "\n")
+            (out_dir / manifest).write_text(json.dumps({"files": [str(p) for p in written]}, indent=1) + "\n")
     print(f"wrote {len(written)} files under {out_dir}", file=out)
     matched = ", ".join(f"{k} x{n}" for k, n in report.matched_text()) or "nothing"
     print(f"  passes matched: {matched}", file=out)

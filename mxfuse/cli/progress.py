@@ -39,23 +39,41 @@ class _DropNotice(logging.Filter):
         return self.notice not in record.getMessage()
 
 
+class _HeldRecords(logging.Handler):
+    """Keeps the `mxfuse` logger's records while a progress line is open, to emit them after it."""
+
+    def __init__(self):
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 class Progress:
-    """`label ... done in X s` on one line (a live timer on a terminal)."""
+    """`label ... done in X s` on one line (a live timer on a terminal). What the `mxfuse` logger says
+    meanwhile (the pass's warning about a norm it left) is held and emitted after the line, not inside it."""
 
     def __init__(self, label: str, out: TextIO):
         self.label, self.out = label, out
         self.live = bool(getattr(out, "isatty", lambda: False)())
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
+        self._held = _HeldRecords()
+        self._logger = logging.getLogger("mxfuse")
+        self._saved: tuple[list[logging.Handler], bool] = ([], True)
         self.elapsed = 0.0
 
     def __enter__(self):
+        self._saved = (self._logger.handlers[:], self._logger.propagate)
+        self._logger.handlers, self._logger.propagate = [self._held], False  # held, emitted after the line
         self.t0 = time.perf_counter()
         self.out.write(f"{self.label} ...")
         self.out.flush()
         if self.live:
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._tick, daemon=True)
+            thread.start()
+            self._thread = thread
         return self
 
     def _tick(self):
@@ -76,6 +94,10 @@ class Progress:
         status = "failed" if exc_type else "done"
         self.out.write(f"{prefix} {status} in {self.elapsed:.1f} s" + (" " * 8 if self.live else "") + "\n")
         self.out.flush()
+        self._logger.handlers, self._logger.propagate = self._saved
+        for record in self._held.records:
+            self._logger.handle(record)  # the logger's own handlers, its parents', or logging's last resort
+        self._held.records.clear()
         return False
 
 

@@ -3,7 +3,8 @@ kept, typed), and compiling a target with it."""
 
 from __future__ import annotations
 
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import torch
 
@@ -17,7 +18,9 @@ __all__ = ["RecordingPass", "compile_and_run", "compile_with"]
 
 def compile_with(fn, pass_obj: MxfusePass | None):
     """`torch.compile(fn, fullgraph=True)` with `pass_obj` as Inductor's post-grad custom pass."""
-    options = {"post_grad_custom_post_pass": pass_obj} if pass_obj is not None else None
+    options: dict[str, str | int | bool | Callable[..., Any]] | None = None
+    if pass_obj is not None:
+        options = {"post_grad_custom_post_pass": pass_obj}
     return torch.compile(fn, fullgraph=True, options=options)
 
 

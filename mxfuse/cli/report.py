@@ -6,10 +6,11 @@ from typing import TextIO
 
 import torch
 
-from mxfuse.cli.variants import DemoResult, VariantResult
+from mxfuse.cli.variants import DemoResult
 from mxfuse.models import ModelConfig
 from mxfuse.ops.mx_layout import packed_width
 from mxfuse.passes.analysis import COUNTED, CPP_KERNELS, NOT_LAUNCHES, TRITON_KERNELS, total_launches
+from mxfuse.passes.report import PassReport
 
 
 def counted(n: int, noun: str) -> str:
@@ -68,6 +69,9 @@ def print_report(result: DemoResult, out: TextIO):
     row("first call", [f"{v.first_call_s:.2f} s" for v in variants])
     marks = {None: "(ref)", True: "yes", False: "NO"}
     row("bitwise == eager", [marks[v.bitwise_vs_eager] for v in variants])
+    if sum(v.launches is not None for v in variants) > 1:
+        print("  (first call: compile included; a later compile of the same model reuses Dynamo's and", file=out)
+        print("   Inductor's caches, so the first calls do not compare what the passes cost to compile)", file=out)
     if result.device.type == "cpu":
         print("  (on CPU the mxfuse ops run their plain-PyTorch reference code, not the Triton kernels:", file=out)
         print("   these times say nothing about the GPU)", file=out)
@@ -76,21 +80,21 @@ def print_report(result: DemoResult, out: TextIO):
         how = {"cuda graph": "GPU time of one step replayed as a CUDA graph", "wall clock": "wall clock, synchronized"}
         print(f"  (time per step: {'; '.join(how[t] for t in timings)}; median of {result.steps} steps)", file=out)
 
-    compiled = [v for v in variants if v.launches is not None]
-    if compiled:
+    launches = {v.name: v.launches for v in variants if v.launches is not None}
+    if launches:
         print(file=out)
         print(f"kernel launches per step, counted in the code Inductor generated ({COUNTED}):", file=out)
         families = (CPP_KERNELS, TRITON_KERNELS)
-        keys = sorted({k for v in compiled for k in v.launches}, key=lambda k: (k not in families, k))
+        keys = sorted({k for counts in launches.values() for k in counts}, key=lambda k: (k not in families, k))
         w = max(label_w, *(len(k) for k in keys))
-        row("", [v.name for v in compiled], w)
+        row("", list(launches), w)
         for k in keys:
-            row(k + (" (wait)" if k in NOT_LAUNCHES else ""), [str(v.launches.get(k, 0)) for v in compiled], w)
-        row("total launches", [str(total_launches(v.launches)) for v in compiled], w)
+            row(k + (" (wait)" if k in NOT_LAUNCHES else ""), [str(c.get(k, 0)) for c in launches.values()], w)
+        row("total launches", [str(total_launches(c)) for c in launches.values()], w)
 
     passes = next((v for v in variants if v.report is not None), None)
-    if passes is not None:
-        print_pass_summary(result, passes, out)
+    if passes is not None and passes.report is not None:
+        print_pass_summary(result, passes.report, out)
 
     print(file=out)
     for v in variants[1:]:
@@ -116,8 +120,7 @@ def print_report(result: DemoResult, out: TextIO):
     out.flush()
 
 
-def print_pass_summary(result: DemoResult, passes: VariantResult, out: TextIO):
-    report = passes.report
+def print_pass_summary(result: DemoResult, report: PassReport, out: TextIO):
     matched = report.matched_text()
     print(file=out)
     if report.failed:

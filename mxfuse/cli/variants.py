@@ -71,6 +71,7 @@ def run_variants(
 ) -> list[VariantResult]:
     """Run, check and time every demo variant; `progress(label)` is a context manager around each first call."""
     results: list[VariantResult] = []
+    outputs: dict[str, torch.Tensor] = {}  # by variant name (a result's `output` may be dropped later)
     for name, fn, label, pass_obj in demo_variants(model, pass_options):
         codes: list[str] = []
         capture = capture_wrapper_code(codes) if label else contextlib.nullcontext()
@@ -85,11 +86,11 @@ def run_variants(
         if pass_obj is not None:
             v.report = pass_obj.merged_report()
         if results:
-            ref = results[0].output
+            ref = outputs[results[0].name]
             v.bitwise_vs_eager = bitwise_equal(y, ref)
             v.max_abs_diff = (y.float() - ref.float()).abs().max().item() if y.shape == ref.shape else None
         if pass_obj is not None:
-            compiled = next(r for r in results if r.name == "compiled")
-            v.bitwise_vs_compiled = bitwise_equal(y, compiled.output)
+            v.bitwise_vs_compiled = bitwise_equal(y, outputs["compiled"])
         results.append(v)
+        outputs[name] = y
     return results

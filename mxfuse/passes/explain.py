@@ -151,13 +151,22 @@ def _reason(
     return chosen.rewrite, chosen.code, reason
 
 
-def _readers(node: fx.Node) -> str:
+_MATMULS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.matmul", "aten.linear", "aten._scaled_mm")
+
+
+def _readers(node: fx.Node, through: tuple[str, ...] = ()) -> str:
+    """What reads `node`, seen through views: `aten.mm via aten.reshape, an unquantized linear`."""
     names = []
     for user in node.users:
         if user.op == "output":
-            names.append("the graph output")
+            names.append("the graph output" + (f" via {', '.join(through)}" if through else ""))
+        elif user.target in VIEW_OPS and len(through) < 4:
+            names.append(_readers(user, (*through, op_label(user))))
         else:
-            names.append(op_label(user))
+            label = op_label(user) + (f" via {', '.join(through)}" if through else "")
+            if op_label(user) in _MATMULS:
+                label += ", an unquantized linear"
+            names.append(label)
     return ", ".join(dict.fromkeys(names)) or "nothing"
 
 

@@ -24,6 +24,17 @@ STRICT_ENV = "MXFUSE_STRICT"
 _NOT_IN_CACHE_KEY = {"cache_key": False}
 
 
+class MxfuseOptionError(ValueError, TypeError):
+    """A bad mxfuse option: an unknown name, a value of the wrong type, a value out of range.
+
+    A `ValueError` so that the frameworks which build the pass while validating their own config
+    show its message: pydantic (vLLM's `CompilationConfig`, parsed by `vllm serve
+    --compilation-config`) turns a `ValueError` into its validation error and lets a `TypeError`
+    through, which argparse then replaces with its generic "invalid ... value" line. Also a
+    `TypeError`, as Python raises for an unknown keyword argument.
+    """
+
+
 @dataclass(frozen=True)
 class PassOptions:
     """What the passes do.
@@ -55,11 +66,11 @@ class PassOptions:
             object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
         for name in ("fuse_norm_quant", "sequence_parallel", "strict", "fresh"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"mxfuse option {name} must be a bool, got {getattr(self, name)!r}")
+                raise MxfuseOptionError(f"mxfuse option {name} must be a bool, got {getattr(self, name)!r}")
         if self.sp_gather not in SP_GATHER_MODES:
-            raise ValueError(f"mxfuse option sp_gather must be one of {SP_GATHER_MODES}, got {self.sp_gather!r}")
+            raise MxfuseOptionError(f"mxfuse option sp_gather must be one of {SP_GATHER_MODES}, got {self.sp_gather!r}")
         if self.dump_dir is not None and not isinstance(self.dump_dir, str):
-            raise TypeError(f"mxfuse option dump_dir must be a str or None, got {self.dump_dir!r}")
+            raise MxfuseOptionError(f"mxfuse option dump_dir must be a str or None, got {self.dump_dir!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> PassOptions:
@@ -69,7 +80,7 @@ class PassOptions:
         if unknown:
             close = [m for name in unknown for m in difflib.get_close_matches(name, known, n=1)]
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise TypeError(
+            raise MxfuseOptionError(
                 f"unknown mxfuse option(s) {', '.join(map(repr, unknown))}{hint}; known: {', '.join(known)}"
             )
         return cls(**kwargs)
@@ -113,7 +124,7 @@ class PassOptions:
             with tempfile.TemporaryFile(dir=self.dump_dir):
                 pass
         except OSError as e:
-            raise ValueError(
+            raise MxfuseOptionError(
                 f"mxfuse option dump_dir={self.dump_dir!r} is not a writable directory ({e.strerror or e})"
             ) from None
 
@@ -140,7 +151,7 @@ def _dump_dir(raw: str) -> dict[str, Any]:
 
 def _strict(raw: str) -> dict[str, Any]:
     if raw not in ("0", "1"):
-        raise ValueError("must be 0 or 1")
+        raise MxfuseOptionError("must be 0 or 1")
     return {"strict": raw == "1"}
 
 
@@ -148,18 +159,18 @@ def _json_options(raw: str) -> dict[str, Any]:
     try:
         values = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e})") from None
+        raise MxfuseOptionError(f"not valid JSON ({e})") from None
     if not isinstance(values, dict):
-        raise ValueError("must be a JSON object of mxfuse options")  # noqa: TRY004 - a bad value
+        raise MxfuseOptionError("must be a JSON object of mxfuse options")
     return values
 
 
 @contextlib.contextmanager
 def _naming(variable: str | None):
-    """Re-raise an option error with the environment variable it came from in front (same type, one line)."""
+    """Re-raise an option error with the environment variable it came from in front (one line)."""
     try:
         yield
-    except (TypeError, ValueError) as e:
+    except MxfuseOptionError as e:
         if variable is None:
             raise
-        raise type(e)(f"{variable}={os.environ[variable]!r}: {e}") from None
+        raise MxfuseOptionError(f"{variable}={os.environ[variable]!r}: {e}") from None

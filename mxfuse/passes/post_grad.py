@@ -145,7 +145,7 @@ def _run_rewrite(graph: fx.Graph, rewrite: Rewrite, options: PassOptions, report
 def _apply_site(graph: fx.Graph, rewrite: Rewrite, fusion: Fusion, options: PassOptions, report: PassReport):
     """Apply one planned fusion; on an exception restore this site only and record why."""
     kind, site = fusion.kind, fusion.site
-    record = SiteRecord(rewrite.name, kind, site.name, tuple(n.name for n in fusion.replaced))
+    record = SiteRecord.of(rewrite.name, kind, site, fusion.replaced)
     what = lambda: f"pattern {rewrite.name} ({kind}) at {site}"  # noqa: E731
     transaction: Transaction = GraphTransaction(graph) if rewrite.undo is Scope.GRAPH else site_transaction(graph)
     try:
@@ -189,8 +189,8 @@ def _write_dump(out: Path, before: str, after: str, report: PassReport) -> list[
 
 
 def _log(report: PassReport):
-    if report.applied:
-        log.info("mxfuse: %s", ", ".join(f"{kind} x{n}" for kind, n in report.matched_text()))
+    # one INFO line per compiled graph with a site (fused, left and why, savings); DEBUG for the others
+    log.log(logging.INFO if report.applied or report.skipped else logging.DEBUG, "%s", report.summary())
     for s in report.skipped:
         log.debug("mxfuse: %s left %s (%s): %s", s.rewrite, s.node, s.label, s.reason)
     try:

@@ -260,6 +260,9 @@ def _look_alike(node) -> tuple[fx.Node, float | fx.Node, Reason] | None:
         else:
             continue
         ndim = s32_val.dim()
+        if _is_centered(s32) and (z is s32 or _is_centered(z)):
+            text = "it subtracts the row mean before normalizing (a LayerNorm, e.g. Cohere's), not an RMSNorm"
+            return s32, eps, Reason(SharedCode.NORM_CENTERED, text)
         if z is not s32:
             text = f"its statistics come from {getattr(z, 'name', z)}, not from the tensor it normalizes ({s32.name})"
         elif dims not in ([-1], [ndim - 1]):
@@ -270,6 +273,14 @@ def _look_alike(node) -> tuple[fx.Node, float | fx.Node, Reason] | None:
             continue
         return s32, eps, Reason(SharedCode.NORM_ARITHMETIC, text)
     return None
+
+
+def _is_centered(node) -> bool:
+    """`x - mean(x, -1, keepdim)`: a row centred on its mean (LayerNorm), which an RMSNorm does not do."""
+    if not is_call(node, aten.sub.Tensor) or len(node.args) != 2:
+        return False
+    x, mean = node.args
+    return is_call(mean, aten.mean.dim) and mean.args[0] is x
 
 
 def _is_mean_square(node, s32) -> bool:

@@ -50,7 +50,9 @@ class NormMatch:
     @property
     def kind(self) -> str:
         """`form:plain` / `form:fused_add` for a Gemma norm; `form:rms_norm` / `form:fused_add_rms_norm`
-        for a standard one."""
+        for a standard one; `form:layer_norm` for a LayerNorm recognized so that it is named (never fused)."""
+        if self.difference is not None and self.difference.code is SharedCode.NORM_CENTERED:
+            return f"{self.form}:{'fused_add_layer_norm' if self.has_residual else 'layer_norm'}"
         if self.standard:
             return f"{self.form}:{'fused_add_rms_norm' if self.has_residual else 'rms_norm'}"
         return f"{self.form}:{'fused_add' if self.has_residual else 'plain'}"

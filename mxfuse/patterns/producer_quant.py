@@ -155,11 +155,14 @@ def _is_dead(producer: ProducerMatch) -> bool:
 def plan_one(producer: ProducerMatch) -> ProducerQuantFusion | Skip:
     """The fusion of one producer with the quants reading it, or why not."""
     viewed = quants_through_views(producer.y)
+    nothing_to_fuse = no_quant_reason(producer.y) if not viewed else None
+    if nothing_to_fuse is not None and nothing_to_fuse.code is SharedCode.NO_QUANT:
+        return skip(producer, nothing_to_fuse)  # no quant reads it: its dtype or shape is not why it stays
     reason = producer.reject_reason()
     if reason is not None:
         return skip(producer, reason)
-    if not viewed:
-        return skip(producer, no_quant_reason(producer.y))
+    if nothing_to_fuse is not None:
+        return skip(producer, nothing_to_fuse)
     usable = [v for v in viewed if quant_reject_reason(v.quant) is None]
     if not usable:
         reason = quant_reject_reason(viewed[0].quant)

@@ -82,9 +82,11 @@ class SharedCode(RefusalCode):
     NORM_ARITHMETIC = (
         "a norm whose arithmetic differs from the fused op's (named in the reason)",
         "compute `n = x.float() * rsqrt(mean(x.float()**2, -1) + eps)` and `(n * (1 + w.float())).to(dtype)` "
-        "(Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm / rms_norm",
+        "(Gemma) or `w * n.to(dtype)` (Llama), or call torch.ops.mxfuse.gemma_rmsnorm / rms_norm, if it is meant "
+        "to be an RMSNorm (else leave it: this would change its arithmetic)",
     )
     NORM_GROUPED = "a norm normalized over groups of the channels, not the whole row"
+    NORM_CENTERED = "a LayerNorm: it subtracts the row mean first, which no fused op computes"
     ALLREDUCE_FUSED = (
         "vLLM fused the norm with the all-reduce before it (its AllReduceFusionPass)",
         "none needed at decode: the compile ranges above max_token_num reach mxfuse as all_reduce -> norm and "
