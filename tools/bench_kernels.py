@@ -1,8 +1,8 @@
 """Benchmark the Triton norm / quant kernels on a CUDA GPU (docs/design.md "Measuring").
 
-For K in {6144, 3072} and M in {1 .. 16384}, per call (CUDA graph of 64 back-to-back
-calls cycling through enough input sets to not sit in L2, L2 flushed before each replay,
-median of 7 replays), all in ONE run:
+For K in {2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192} (`KS`) and M in {1 .. 16384},
+per call (CUDA graph of 64 back-to-back calls cycling through enough input sets to not sit
+in L2, L2 flushed before each replay, median of 7 replays), all in ONE run:
 
 - for every kernel variant (`tools/kernel_variants.py`, passed to the kernels as an
   explicit `NormConfig`) and `default` (no config: what the ops run, `norm_config(K, M)`):
@@ -51,7 +51,8 @@ from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_column
 from mxfuse.ops.norm_quant_config import norm_config
 from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
-KS = [6144, 3072]
+KS = [2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192]
+"""The hidden sizes of issue 31 (Qwen3-Next 2048 ... 8192); `--ks 6144,3072` for the models served."""
 MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 EPS = 1e-6
 DT = torch.bfloat16
