@@ -48,6 +48,7 @@ from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_column
 from mxfuse.ops.norm_quant_config import next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_mx_quant import _mx_quant_tile, _store_scales, check2d, check_k, out_views, rule_name
+from mxfuse.ops.triton_norm_prologue import _pairwise_sum
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
 __all__ = ["gate_launch", "gated_norm_launch", "gated_rms_norm", "sigmoid_gate"]
@@ -227,7 +228,10 @@ def _gated_norm_kernel(
     s = x.to(tl.float32)
     if not NORM_BEFORE_GATE:
         s = s * act
-    var = tl.math.div_rn(tl.sum(s * s, axis=1), group_size.to(tl.float32))
+    # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
+    # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
+    # so fused and unfused would round the mean square differently; the pairwise tree does not
+    var = tl.math.div_rn(_pairwise_sum(s * s, BM, GP), group_size.to(tl.float32))
     n = s * _rsqrt(var + eps, ISA)[:, None]
     if ROUND_NORMALIZED:
         n = n.to(x.dtype).to(tl.float32)
