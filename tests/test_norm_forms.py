@@ -8,43 +8,19 @@ Inductor compile here (the end-to-end compiles are in tests/test_norm_forms_comp
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import pytest
 import torch
 from foreign_bound import assert_within_foreign_bound
-from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, op_counts
-from torch.fx.experimental.proxy_tensor import make_fx
+from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, op_counts, rewritten
 
 import mxfuse  # noqa: F401
-from mxfuse.passes import post_grad
-from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.norm_quant import NormQuantCode
 from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 K = 64
-
-
-def trace(fn, *args):
-    from torch._inductor.decomposition import select_decomp_table
-
-    return make_fx(
-        fn,
-        decomposition_table=select_decomp_table(),
-        tracing_mode="fake",
-        _allow_non_fake_inputs=True,  # a tensor the function closes over becomes a get_attr constant
-    )(*args)
-
-
-def run_pass(fn, *args):
-    """`(before, after, report)`: the traced graph module, a copy rewritten by the pass, the report."""
-    before = trace(fn, *args)
-    after = copy.deepcopy(before)
-    report = post_grad.run(after.graph, PassOptions(strict=True))
-    after.recompile()
-    return before, after, report
 
 
 def data(*shape, seed=0, scale=1.0):
@@ -84,7 +60,7 @@ def test_plain_norm_spellings_through_a_flattening_quant_fuse(spelling, w_dtype)
         return codes, scales
 
     args = (data(2, 9, K), gemma_weight(w_dtype))
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}, report.skipped
     assert op_counts(after.graph)[FUSED_PLAIN] == 1 and op_counts(after.graph)[QUANT] == 0
     assert "aten.rsqrt" not in after.code and "aten.sqrt" not in after.code
@@ -110,7 +86,7 @@ def test_residual_add_in_model_dtype_or_fp32_fuses_and_keeps_the_residual_shape(
         return codes, scales, residual_out * 2  # the residual's other user reads [batch, seq, K]
 
     args = (data(3, 5, K, seed=1), data(3, 5, K, seed=2, scale=4.0), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}, report.skipped
     text = after.code
     assert f"round_sum = {residual_dtype == 'model'}" in text
@@ -130,7 +106,7 @@ def test_views_in_either_direction_and_other_users_keep_their_shape():
         return (*a, *b, y.sum(-1))
 
     args = (data(10, K, seed=3), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     # two layouts: the row-major quant fuses (it comes first), the swizzled one reads the emitted y
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:swizzled+y": 1}, report.matched_strings()
     assert op_counts(after.graph)[QUANT] == 1
@@ -152,7 +128,7 @@ def test_frozen_multiplier_constant_fuses_with_offset_zero():
         return mx.mxfp8_quantize((x * multiplier).type_as(h))
 
     args = (data(6, K, seed=4),)
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert any(n.op == "get_attr" for n in before.graph.nodes)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}
     assert "weight_offset = 0.0" in after.code
@@ -169,7 +145,7 @@ def test_one_plus_w_rounded_in_the_model_dtype_is_the_weight_itself():
         return (*mx.mxfp8_quantize((x * (1.0 + w)).type_as(h)), *mx.mxfp8_quantize((x * (1.0 + w).float()).type_as(h)))
 
     args = (data(6, K, seed=11), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 2}
     assert after.code.count("weight_offset = 0.0") == 2
     with torch.no_grad():
@@ -184,7 +160,7 @@ def test_runtime_eps_tensor_is_an_operand_of_the_fused_op():
         return (*mx.mxfp8_quantize(spelled_norm(s, w, eps)), s)
 
     args = (data(7, K, seed=5), data(7, K, seed=6), gemma_weight(), torch.tensor(1e-5, dtype=torch.float64))
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
     assert "eps_tensor = eps" in after.code.replace("eps_1", "eps")
     with torch.no_grad():
@@ -226,7 +202,7 @@ def test_a_multiplier_of_w_alone_is_the_standard_norm_and_fuses_bitwise(norm):
         return mx.mxfp8_quantize(norm(h, w, 1e-6))
 
     args = (data(4, K, seed=8), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     (fused,) = after.graph.find_nodes(op="call_function", target=mx.rms_norm_mxfp8.default)
     assert fused.kwargs["round_normalized"] is False
     assert report.matched_strings() == {"hf:rms_norm->mxfuse_quant:rowmajor": 1}
@@ -248,7 +224,7 @@ def test_look_alikes_are_left_alone_with_the_difference_named(norm, code, words,
 
     args = (data(4, K, seed=8), gemma_weight())
     with caplog.at_level(logging.WARNING, logger="mxfuse"):
-        before, after, report = run_pass(fn, *args)
+        before, after, report = rewritten(fn, *args)
     assert not report.matched and after.code == before.code
     (skip,) = [s for s in report.skipped if s.rewrite == "norm_quant"]
     assert skip.code is code and words in skip.reason
@@ -262,7 +238,7 @@ def test_eps_tensor_of_shape_one_is_not_a_scalar():
     def fn(h, w, eps):
         return mx.mxfp8_quantize(spelled_norm(h, w, eps))
 
-    _, _, report = run_pass(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
+    _, _, report = rewritten(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
     (skip,) = report.skipped
     assert skip.code is SharedCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
 
@@ -271,7 +247,7 @@ def test_quant_through_a_view_that_splits_rows_is_named():
     def fn(h, w):
         return mx.mxfp8_quantize(spelled_norm(h, w, 1e-6).transpose(0, 1).contiguous())
 
-    _, after, report = run_pass(fn, data(32, K), gemma_weight())
+    _, after, report = rewritten(fn, data(32, K), gemma_weight())
     (skip,) = report.skipped
     assert skip.code is NormQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
     assert op_counts(after.graph)[FUSED_PLAIN] == 0
@@ -283,7 +259,7 @@ def test_mxfuse_fused_add_with_a_flattening_quant_fuses_bitwise():
         return (*mx.mxfp8_quantize(y.reshape(-1, K)), res)
 
     args = (data(2, 3, K, seed=9), data(2, 3, K, seed=10), gemma_weight())
-    before, after, _ = run_pass(fn, *args)
+    before, after, _ = rewritten(fn, *args)
     assert op_counts(after.graph)[FUSED_ADD] == 1 and op_counts(after.graph)[QUANT] == 0
     with torch.no_grad():
         assert_bitwise(after(*args), before(*args))
@@ -294,7 +270,7 @@ def test_a_negative_or_nan_eps_is_refused_at_planning_with_its_code(eps):
     def fn(h, w):
         return mx.mxfp8_quantize(spelled_norm(h, w, eps))
 
-    before, after, report = run_pass(fn, data(4, K), gemma_weight())
+    before, after, report = rewritten(fn, data(4, K), gemma_weight())
     (skip,) = report.skipped
     assert skip.code is SharedCode.EPS_INVALID and not report.failed, skip
     assert skip.reason == f"eps={eps} is not a valid norm epsilon; left unfused"
@@ -310,7 +286,7 @@ def test_a_grouped_one_plus_w_norm_is_left_alone_with_its_code_and_warned(caplog
         return mx.mxfp8_quantize((x.view(h.shape) * (1.0 + w.float())).type_as(h))
 
     with caplog.at_level(logging.WARNING, logger="mxfuse"):
-        before, after, report = run_pass(fn, data(4, 512), (0.1 * data(512, seed=3)))
+        before, after, report = rewritten(fn, data(4, 512), (0.1 * data(512, seed=3)))
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_GROUPED and skip.norm_kind == "hf:plain", skip
     assert "groups of 128 of its 512 channels" in skip.reason
