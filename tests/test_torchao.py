@@ -371,7 +371,7 @@ def _max_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_hugging_face_norm_into_torchao_quant_is_within_the_stated_bound():
     """The stated bound for foreign norms (README): codes within one e4m3 step, scales equal
     except by one at an exact power-of-two boundary; and on CPU bitwise equal to eager."""
-    from test_pass_norm_quant import assert_within_foreign_bound
+    from foreign_bound import assert_within_foreign_bound
 
     _, _, layer = tiny_minimax_m3_torchao_layer()
     norm = layer.post_attention_layernorm
