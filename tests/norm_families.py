@@ -20,6 +20,26 @@ from mxfuse.testing import assert_bitwise
 
 mx = torch.ops.mxfuse
 FAMILIES = ["gemma", "standard"]
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def special_rows(m: int, k: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    """Random rows with the hard cases of the contract planted in the first rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    cases = [
+        lambda r: r.zero_(),  # all-zero row
+        lambda r: r[:32].fill_(FLT_MIN).mul_(torch.sign(torch.randn(32, generator=g))),  # smallest normal
+        lambda r: r.mul_(3e37),  # huge values
+        lambda r: r.__setitem__(3, float("nan")),  # NaN
+        lambda r: r.__setitem__(5, float("inf")),  # +Inf
+        lambda r: r.__setitem__(7, float("-inf")),  # -Inf
+        lambda r: r[:32].mul_(1e4),  # one block dominates
+        lambda r: r.mul_(1e-30),  # tiny values
+    ]
+    for row, case in zip(x, cases):
+        case(row)
+    return x.to(dtype)
 
 
 def family_weight(family: str, k: int, dtype=torch.bfloat16, seed: int = 2) -> torch.Tensor:
