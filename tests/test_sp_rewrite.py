@@ -31,6 +31,9 @@ survives: a code may move one e4m3 step), asserted by `_assert_sp_run` for any W
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import pytest
 import torch
 import torch._C._distributed_c10d as c10d_cpp
@@ -82,14 +85,23 @@ def _state(model) -> dict:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(n_tokens, dynamic): graph module}
+
+
 def trace_model(model, n_tokens: int, dynamic: bool = False) -> fx.GraphModule:
-    """The model's ATen graph with ids (rows dynamic if asked) and weights (static) as inputs."""
-    names = list(_state(model))
+    """The model's ATen graph with ids (rows dynamic if asked) and weights (static) as inputs: traced once
+    per model, token count and dynamism, a fresh copy each call (the pass rewrites it in place)."""
+    traced = _TRACED.setdefault(model, {})
+    if (n_tokens, dynamic) not in traced:
+        names = list(_state(model))
 
-    def fn(ids, *weights):
-        return torch.func.functional_call(model, dict(zip(names, weights)), (ids,))
+        def fn(ids, *weights):
+            return torch.func.functional_call(model, dict(zip(names, weights)), (ids,))
 
-    return trace(fn, example_inputs(CONFIG, n_tokens), *_state(model).values(), dynamic=dynamic)
+        traced[n_tokens, dynamic] = trace(
+            fn, example_inputs(CONFIG, n_tokens), *_state(model).values(), dynamic=dynamic
+        )
+    return copy.deepcopy(traced[n_tokens, dynamic])
 
 
 def weights_of(models) -> list[tuple]:

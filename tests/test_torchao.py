@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 import torch
-from graph_helpers import CapturingPass, assert_bitwise
+from graph_helpers import CapturingPass, assert_bitwise, trace
 
 import mxfuse  # noqa: F401
 from mxfuse.ops.library import MxfuseInputError
@@ -194,14 +194,12 @@ def test_gpu_kernels_with_torchao_rule_equal_torchao(swizzled):
 
 def traced_to_mx(x: torch.Tensor, scaling_mode=ScaleCalculationMode.RCEIL):
     """torchao's `to_mx` traced to core ATen with Inductor's decompositions (fake tensors)."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     def quant(data):
         scales, codes = mx_tensor.to_mx(data, FP8, 32, scaling_mode)
         return codes, scales
 
-    return make_fx(quant, decomposition_table=select_decomp_table(), tracing_mode="fake")(x)
+    return trace(quant, x, decompose=True)
 
 
 def heads(gm) -> list:
