@@ -1,4 +1,6 @@
-"""Compile a function with the mxfuse pass and capture what the post-grad graph held.
+"""The graph helpers of the suite, one of each: `trace` (a function to a post-grad-like ATen graph,
+without compiling), `run_pass` (the pass on such a graph), `CapturingPass` / `compile_with_pass`
+(a real compile, recording what the post-grad graph held).
 
 Bitwise comparison and op counting live in the package (`mxfuse.testing`,
 `mxfuse.passes.analysis`); `assert_bitwise`, `bits` and `op_counts` / `op_name` are
@@ -8,16 +10,80 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
+import operator
 
 import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import mxfuse
 from mxfuse.ops import reference
+from mxfuse.passes import post_grad
 from mxfuse.passes.analysis import op_counts, op_name
 from mxfuse.passes.explain import RecordingPass, copy_graph
 from mxfuse.passes.options import PassOptions
 from mxfuse.passes.report import PassReport
 from mxfuse.testing import assert_bitwise, bits
+
+
+def trace(fn, *args, dynamic: bool = False, decompose: bool = False) -> fx.GraphModule:
+    """`fn` as an ATen graph (make_fx over fake tensors; no compile). With `dynamic`, dim 0 of the first
+    argument is symbolic, and so is dim 0 of every later argument of the same shape and dtype (the same
+    symbol: the token count); every other size is static. With `decompose`, Inductor's decompositions
+    apply (`.float()` becomes `prims.convert_element_type`, as in a post-grad graph). A tensor `fn`
+    closes over becomes a `get_attr` constant."""
+    table = None
+    if decompose:
+        from torch._inductor.decomposition import select_decomp_table
+
+        table = select_decomp_table()
+    if not dynamic:
+        return make_fx(fn, decomposition_table=table, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for i, a in enumerate(args):
+        if i == 0:
+            dims = [DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (a.dim() - 1)
+            fakes.append(mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
+        elif a.shape == args[0].shape and a.dtype == args[0].dtype:
+            with mode:
+                fakes.append(torch.empty_like(fakes[0]))
+        else:
+            fakes.append(mode.from_tensor(a, static_shapes=True))
+    return make_fx(fn, decomposition_table=table, tracing_mode="real")(*fakes)
+
+
+def run_pass(gm: fx.GraphModule, **options) -> PassReport:
+    """The pass on a traced graph, in place, with `options` (the environment fills the rest: strict in this
+    suite, see conftest); no site may have failed."""
+    report = post_grad.run(gm.graph, PassOptions.from_env(**options))
+    assert report.failed is None, report.failed
+    gm.recompile()
+    return report
+
+
+def rewritten(fn, *args, **options) -> tuple[fx.GraphModule, fx.GraphModule, PassReport]:
+    """`(before, after, report)`: `fn` traced with Inductor's decompositions, a copy rewritten by the pass
+    (`options` as `run_pass` takes them), the report. Both graphs run eagerly: the bits to compare."""
+    before = trace(fn, *args, decompose=True)
+    after = copy.deepcopy(before)
+    return before, after, run_pass(after, **options)
+
+
+def edges(graph: fx.Graph) -> set[tuple[str, str]]:
+    """`(producer, consumer)` op names of every data edge between two calls (through `getitem`)."""
+    found = set()
+    for node in graph.nodes:
+        if (consumer := op_name(node)) is None:
+            continue
+        for arg in node.all_input_nodes:
+            src = arg.args[0] if arg.target is operator.getitem else arg
+            if isinstance(src, fx.Node) and (producer := op_name(src)) is not None:
+                found.add((producer, consumer))
+    return found
 
 
 class CapturingPass(RecordingPass):

@@ -1,4 +1,4 @@
-"""Graph-level helpers of the sp_gather tests: make_fx tracing under fake tensors, a simulated
+"""Graph-level helpers of the sp_gather tests (graphs from `graph_helpers.trace`): a simulated
 all-gather (every rank holds the same rows), and small SP blocks (see test_sp_gather.py)."""
 
 from __future__ import annotations
@@ -6,14 +6,10 @@ from __future__ import annotations
 import torch
 from graph_helpers import example_inputs
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.ops import reference
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
-from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
 
 mx = torch.ops.mxfuse
@@ -69,25 +65,6 @@ def local_inputs(m=5, k=K, seed=0):
     return x, r, w
 
 
-def trace(fn, *args, dynamic=False):
-    """make_fx graph of `fn` with fake tensors (dim 0 of 2-D activations symbolic when dynamic)."""
-    mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None, allow_non_fake_inputs=True)
-    first = None
-    fakes = []
-    for a in args:
-        if dynamic and a.dim() == 2 and a.dtype in (torch.bfloat16, torch.float16) and a.shape[1] == K:
-            if first is None:
-                ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-                first = mode.from_tensor(a, symbolic_context=ctx)
-                fakes.append(first)
-            else:
-                with mode:
-                    fakes.append(torch.empty_like(first))
-        else:
-            fakes.append(mode.from_tensor(a))
-    return make_fx(fn, tracing_mode="real")(*fakes)
-
-
 class SimulatedWorld(fx.Interpreter):
     """Runs a graph as every one of `world` ranks holding the same local rows would."""
 
@@ -114,13 +91,6 @@ def simulate(gm, *args):
     with torch.no_grad():
         out = SimulatedWorld(gm).run(*args)
     return out if isinstance(out, (tuple, list)) else (out,)
-
-
-def run_pass(gm, **options):
-    report = post_grad.run(gm.graph, PassOptions.from_env(**options))
-    assert report.failed is None, report.failed
-    gm.recompile()
-    return report
 
 
 def targets(gm) -> list:

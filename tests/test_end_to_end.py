@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from foreign_bound import assert_within_foreign_bound
 from graph_helpers import FUSED_ADD, FUSED_PLAIN, NORM_ADD, NORM_PLAIN, QUANT, compile_with_pass
-from test_pass_norm_quant import assert_within_foreign_bound
 
 import mxfuse  # noqa: F401
 from mxfuse.models import Model, ModelConfig, example_inputs

@@ -44,13 +44,9 @@ from fuzz_programs import (
     program_fn,
     program_inputs,
 )
-from graph_helpers import CapturingPass
+from graph_helpers import CapturingPass, trace
 from sp_helpers import simulate
 from torch import fx
-from torch._inductor.decomposition import select_decomp_table
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import mxfuse  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.passes import post_grad
@@ -101,24 +97,9 @@ def options_of(rng: random.Random) -> list[PassOptions]:
     ]
 
 
-def trace(fn, args):
-    """The post-grad-like graph of `fn`: Inductor's decompositions, dim 0 of the row inputs symbolic."""
-    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    rows = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-    first = mode.from_tensor(args[0], symbolic_context=rows)
-    fakes = []
-    for a in args:
-        if a.dim() == 2 and a.shape == args[0].shape:
-            with mode:
-                fakes.append(torch.empty_like(first))
-        else:
-            fakes.append(mode.from_tensor(a))
-    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="real")(*fakes)
-
-
 def check_traced(program: Program, options_list: list[PassOptions], seed: int, caplog):
     fn, foreign = program_fn(program)
-    unfused = trace(fn, program_inputs(program, 5, seed))
+    unfused = trace(fn, *program_inputs(program, 5, seed), dynamic=True, decompose=True)
     runs = {m: program_inputs(program, m, seed + m) for m in (5, 33)}  # dynamic M: one trace, two row counts
     with torch.no_grad():
         expected = {m: simulate(unfused, *args) for m, args in runs.items()}

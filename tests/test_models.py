@@ -7,10 +7,9 @@ modules, the post-grad graph the passes will see, compiled == eager bitwise
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
+from graph_helpers import CapturingPass, edges as graph_edges
 
 from mxfuse.models import (
     GemmaNorm,
@@ -26,43 +25,6 @@ from mxfuse.models import (
 from mxfuse.ops import reference
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE
 from mxfuse.testing import assert_bitwise, bitwise_equal, run_ranks
-
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-except ImportError:  # pragma: no cover
-    CustomGraphPass = object
-
-
-class GraphRecorder(CustomGraphPass):
-    """Post-grad pass that only records the op names of the graph (where the mxfuse passes will run)."""
-
-    def __init__(self):
-        self.graphs: list[collections.Counter] = []
-        self.edges: list[set] = []
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        counts = collections.Counter()
-        edges = set()
-        for node in graph.nodes:
-            if node.op == "call_function":
-                counts[_name(node.target)] += 1
-                for arg in node.all_input_nodes:
-                    src = arg.args[0] if _name(arg.target) == "getitem" else arg
-                    if src.op == "call_function":
-                        edges.add((_name(src.target), _name(node.target)))
-        self.graphs.append(counts)
-        self.edges.append(edges)
-
-    def uuid(self):
-        return None  # never cache: the pass must see every graph
-
-
-def _name(target) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._opname}"
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return f"{target._qualified_op_name.replace('::', '.')}"
-    return getattr(target, "__name__", str(target))
 
 
 @pytest.fixture
@@ -208,32 +170,32 @@ def test_model_builds_on_meta_device():
 
 def _expected_counts(n_layers: int) -> dict[str, int]:
     return {
-        "mxfuse.gemma_rmsnorm": 1,
-        "mxfuse.gemma_fused_add_rmsnorm": 2 * n_layers,  # post-attention norms, layers >= 1, final norm
-        "mxfuse.mxfp8_quantize": 4 * n_layers,
-        "mxfuse.mxfp8_linear": 4 * n_layers,
+        "mxfuse::gemma_rmsnorm": 1,
+        "mxfuse::gemma_fused_add_rmsnorm": 2 * n_layers,  # post-attention norms, layers >= 1, final norm
+        "mxfuse::mxfp8_quantize": 4 * n_layers,
+        "mxfuse::mxfp8_linear": 4 * n_layers,
     }
 
 
 def test_compiled_equals_eager_dynamic_tokens(fresh_dynamo):
     cfg = ModelConfig.tiny()
     model = Model(cfg)
-    recorder = GraphRecorder()
+    recorder = CapturingPass(None)
     compiled = torch.compile(model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
     for n in (64, 40, 96, 33):
         ids = example_inputs(cfg, n, seed=n)
         assert_bitwise(compiled(ids), model(ids))
     # Inductor compiled it (static, then once with a dynamic token dim) and the
     # post-grad graph holds the unfused norm -> quant -> GEMM chains the passes rewrite
-    assert 1 <= len(recorder.graphs) <= 2, len(recorder.graphs)
-    counts = recorder.graphs[-1]
+    assert 1 <= recorder.calls <= 2, recorder.calls
+    counts = recorder.after
     for op, n in _expected_counts(cfg.n_layers).items():
         assert counts[op] == n, (op, counts[op], n)
-    assert counts["mxfuse_models.swiglu_oai"] == cfg.n_layers
-    edges = recorder.edges[-1]
-    assert ("mxfuse.gemma_rmsnorm", "mxfuse.mxfp8_quantize") in edges
-    assert ("mxfuse.gemma_fused_add_rmsnorm", "mxfuse.mxfp8_quantize") in edges
-    assert ("mxfuse.mxfp8_quantize", "mxfuse.mxfp8_linear") in edges
+    assert counts["mxfuse_models::swiglu_oai"] == cfg.n_layers
+    edges = graph_edges(recorder.graph)
+    assert ("mxfuse::gemma_rmsnorm", "mxfuse::mxfp8_quantize") in edges
+    assert ("mxfuse::gemma_fused_add_rmsnorm", "mxfuse::mxfp8_quantize") in edges
+    assert ("mxfuse::mxfp8_quantize", "mxfuse::mxfp8_linear") in edges
 
 
 def test_compile_model_helper_and_native_activation(fresh_dynamo):
@@ -269,12 +231,12 @@ def _sp_rank_body(rank: int, world: int, port: int) -> dict:
         expected = local_rows(full(ids), rank, world)
         out = sp_model(local_rows(ids, rank, world))
         results[f"eager_{n}"] = bitwise_equal(out, expected)
-    recorder = GraphRecorder()
+    recorder = CapturingPass(None)
     compiled = torch.compile(sp_model, fullgraph=True, options={"post_grad_custom_post_pass": recorder})
     ids = example_inputs(cfg, 32, seed=32)
     out = compiled(local_rows(ids, rank, world))
     results["compiled_32"] = bitwise_equal(out, local_rows(full(ids), rank, world))
-    counts, edges = recorder.graphs[-1], recorder.edges[-1]
+    counts, edges = recorder.after, graph_edges(recorder.graph)
     results["counts"] = dict(counts)
     results["edges"] = sorted(edges)
     dist.destroy_process_group()
@@ -289,9 +251,9 @@ def test_sp_gloo_matches_non_sp_rows():
         counts = results["counts"]
         n_layers = ModelConfig.tiny().n_layers
         # two bf16 all-gathers per layer, as PyTorch functional collectives
-        assert counts.get("_c10d_functional.all_gather_into_tensor") == 2 * n_layers, counts
-        assert counts.get("_c10d_functional.wait_tensor") == 2 * n_layers, counts
+        assert counts.get("_c10d_functional::all_gather_into_tensor") == 2 * n_layers, counts
+        assert counts.get("_c10d_functional::wait_tensor") == 2 * n_layers, counts
         for op, n in _expected_counts(n_layers).items():
             assert counts.get(op) == n, (op, counts)
         edges = {tuple(e) for e in results["edges"]}
-        assert ("_c10d_functional.wait_tensor", "mxfuse.mxfp8_quantize") in edges, edges
+        assert ("_c10d_functional::wait_tensor", "mxfuse::mxfp8_quantize") in edges, edges

@@ -1,50 +1,37 @@
-"""Pattern unit tests of the Hugging Face norm spellings, views and runtime eps (issues 14 and 19).
+"""The norm forms of each real source, both families, on CPU: how they are spelled, and what they compute.
 
-Graph in, counts and bits out: each function is traced to decomposed ATen with Inductor's
-decomposition table (`make_fx`, fake tensors: the node shapes the pass reads, as in a
-post-grad graph), the pass runs on a copy, and both graphs execute eagerly on CPU. No
-Inductor compile here (the end-to-end compiles are in tests/test_norm_forms_compiled.py).
+1. Pattern unit tests of the Hugging Face spellings, views and runtime eps (issues 14 and 19).
+   Graph in, counts and bits out: each function is traced to decomposed ATen with Inductor's
+   decomposition table (`graph_helpers.rewritten`: make_fx, fake tensors, the node shapes the pass
+   reads, as in a post-grad graph), the pass runs on a copy, and both graphs execute eagerly on CPU.
+   No Inductor compile here (the end-to-end compiles are in tests/test_norm_forms_compiled.py).
+2. The arithmetic of each source against mxfuse's ops (docs/design.md, "The standard RMSNorm, source
+   by source"). Each source runs as its users run it: Hugging Face's norm modules eager (both
+   families), vLLM's `RMSNorm` layer and its IR ops (their `native` implementation, what vLLM lowers
+   them to when it compiles with Inductor), `torch.nn.functional.rms_norm` eager and compiled. Bitwise
+   where the contract says so; the foreign bound (tests/foreign_bound.py) where Inductor's reduction
+   order is not ours. One stub: the CUDA kernels of FlashInfer and vLLM's `_C` (they need a GPU and
+   vLLM's extension) are emulated in plain PyTorch (`emulated_cuda_norm`) to test the bound claimed
+   for them.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import pytest
 import torch
-from foreign_bound import assert_within_foreign_bound
-from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, op_counts
-from torch.fx.experimental.proxy_tensor import make_fx
+import torch.nn.functional as F
+from foreign_bound import assert_within_foreign_bound, assert_within_one_ulp
+from graph_helpers import FUSED_ADD, FUSED_PLAIN, QUANT, assert_bitwise, op_counts, rewritten
+from norm_families import FAMILIES, special_rows
 
 import mxfuse  # noqa: F401
-from mxfuse.passes import post_grad
-from mxfuse.passes.options import PassOptions
 from mxfuse.patterns.producer_quant import ProducerQuantCode
 from mxfuse.patterns.results import SharedCode
 
 mx = torch.ops.mxfuse
 K = 64
-
-
-def trace(fn, *args):
-    from torch._inductor.decomposition import select_decomp_table
-
-    return make_fx(
-        fn,
-        decomposition_table=select_decomp_table(),
-        tracing_mode="fake",
-        _allow_non_fake_inputs=True,  # a tensor the function closes over becomes a get_attr constant
-    )(*args)
-
-
-def run_pass(fn, *args):
-    """`(before, after, report)`: the traced graph module, a copy rewritten by the pass, the report."""
-    before = trace(fn, *args)
-    after = copy.deepcopy(before)
-    report = post_grad.run(after.graph, PassOptions(strict=True))
-    after.recompile()
-    return before, after, report
 
 
 def data(*shape, seed=0, scale=1.0):
@@ -84,7 +71,7 @@ def test_plain_norm_spellings_through_a_flattening_quant_fuse(spelling, w_dtype)
         return codes, scales
 
     args = (data(2, 9, K), gemma_weight(w_dtype))
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}, report.skipped
     assert op_counts(after.graph)[FUSED_PLAIN] == 1 and op_counts(after.graph)[QUANT] == 0
     assert "aten.rsqrt" not in after.code and "aten.sqrt" not in after.code
@@ -110,7 +97,7 @@ def test_residual_add_in_model_dtype_or_fp32_fuses_and_keeps_the_residual_shape(
         return codes, scales, residual_out * 2  # the residual's other user reads [batch, seq, K]
 
     args = (data(3, 5, K, seed=1), data(3, 5, K, seed=2, scale=4.0), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}, report.skipped
     text = after.code
     assert f"round_sum = {residual_dtype == 'model'}" in text
@@ -130,7 +117,7 @@ def test_views_in_either_direction_and_other_users_keep_their_shape():
         return (*a, *b, y.sum(-1))
 
     args = (data(10, K, seed=3), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     # two layouts: the row-major quant fuses (it comes first), the swizzled one reads the emitted y
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:swizzled+y": 1}, report.matched_strings()
     assert op_counts(after.graph)[QUANT] == 1
@@ -152,7 +139,7 @@ def test_frozen_multiplier_constant_fuses_with_offset_zero():
         return mx.mxfp8_quantize((x * multiplier).type_as(h))
 
     args = (data(6, K, seed=4),)
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert any(n.op == "get_attr" for n in before.graph.nodes)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 1}
     assert "weight_offset = 0.0" in after.code
@@ -169,7 +156,7 @@ def test_one_plus_w_rounded_in_the_model_dtype_is_the_weight_itself():
         return (*mx.mxfp8_quantize((x * (1.0 + w)).type_as(h)), *mx.mxfp8_quantize((x * (1.0 + w).float()).type_as(h)))
 
     args = (data(6, K, seed=11), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:plain->mxfuse_quant:rowmajor": 2}
     assert after.code.count("weight_offset = 0.0") == 2
     with torch.no_grad():
@@ -184,7 +171,7 @@ def test_runtime_eps_tensor_is_an_operand_of_the_fused_op():
         return (*mx.mxfp8_quantize(spelled_norm(s, w, eps)), s)
 
     args = (data(7, K, seed=5), data(7, K, seed=6), gemma_weight(), torch.tensor(1e-5, dtype=torch.float64))
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     assert report.matched_strings() == {"hf:fused_add->mxfuse_quant:rowmajor": 1}
     assert "eps_tensor = eps" in after.code.replace("eps_1", "eps")
     with torch.no_grad():
@@ -226,7 +213,7 @@ def test_a_multiplier_of_w_alone_is_the_standard_norm_and_fuses_bitwise(norm):
         return mx.mxfp8_quantize(norm(h, w, 1e-6))
 
     args = (data(4, K, seed=8), gemma_weight())
-    before, after, report = run_pass(fn, *args)
+    before, after, report = rewritten(fn, *args)
     (fused,) = after.graph.find_nodes(op="call_function", target=mx.rms_norm_mxfp8.default)
     assert fused.kwargs["round_normalized"] is False
     assert report.matched_strings() == {"hf:rms_norm->mxfuse_quant:rowmajor": 1}
@@ -248,7 +235,7 @@ def test_look_alikes_are_left_alone_with_the_difference_named(norm, code, words,
 
     args = (data(4, K, seed=8), gemma_weight())
     with caplog.at_level(logging.WARNING, logger="mxfuse"):
-        before, after, report = run_pass(fn, *args)
+        before, after, report = rewritten(fn, *args)
     assert not report.matched and after.code == before.code
     (skip,) = [s for s in report.skipped if s.rewrite == "norm_quant"]
     assert skip.code is code and words in skip.reason
@@ -262,7 +249,7 @@ def test_eps_tensor_of_shape_one_is_not_a_scalar():
     def fn(h, w, eps):
         return mx.mxfp8_quantize(spelled_norm(h, w, eps))
 
-    _, _, report = run_pass(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
+    _, _, report = rewritten(fn, data(4, K), gemma_weight(), torch.tensor([1e-6]))
     (skip,) = report.skipped
     assert skip.code is SharedCode.EPS_NOT_CONSTANT and "shape (1,)" in skip.reason
 
@@ -271,7 +258,7 @@ def test_quant_through_a_view_that_splits_rows_is_named():
     def fn(h, w):
         return mx.mxfp8_quantize(spelled_norm(h, w, 1e-6).transpose(0, 1).contiguous())
 
-    _, after, report = run_pass(fn, data(32, K), gemma_weight())
+    _, after, report = rewritten(fn, data(32, K), gemma_weight())
     (skip,) = report.skipped
     assert skip.code is ProducerQuantCode.VIEW_NOT_ROWS and "aten.permute" in skip.reason
     assert op_counts(after.graph)[FUSED_PLAIN] == 0
@@ -283,7 +270,7 @@ def test_mxfuse_fused_add_with_a_flattening_quant_fuses_bitwise():
         return (*mx.mxfp8_quantize(y.reshape(-1, K)), res)
 
     args = (data(2, 3, K, seed=9), data(2, 3, K, seed=10), gemma_weight())
-    before, after, _ = run_pass(fn, *args)
+    before, after, _ = rewritten(fn, *args)
     assert op_counts(after.graph)[FUSED_ADD] == 1 and op_counts(after.graph)[QUANT] == 0
     with torch.no_grad():
         assert_bitwise(after(*args), before(*args))
@@ -294,7 +281,7 @@ def test_a_negative_or_nan_eps_is_refused_at_planning_with_its_code(eps):
     def fn(h, w):
         return mx.mxfp8_quantize(spelled_norm(h, w, eps))
 
-    before, after, report = run_pass(fn, data(4, K), gemma_weight())
+    before, after, report = rewritten(fn, data(4, K), gemma_weight())
     (skip,) = report.skipped
     assert skip.code is SharedCode.EPS_INVALID and not report.failed, skip
     assert skip.reason == f"eps={eps} is not a valid norm epsilon; left unfused"
@@ -310,10 +297,219 @@ def test_a_grouped_one_plus_w_norm_is_left_alone_with_its_code_and_warned(caplog
         return mx.mxfp8_quantize((x.view(h.shape) * (1.0 + w.float())).type_as(h))
 
     with caplog.at_level(logging.WARNING, logger="mxfuse"):
-        before, after, report = run_pass(fn, data(4, 512), (0.1 * data(512, seed=3)))
+        before, after, report = rewritten(fn, data(4, 512), (0.1 * data(512, seed=3)))
     (skip,) = report.skipped
     assert skip.code is SharedCode.NORM_GROUPED and skip.producer_kind == "hf:plain", skip
     assert "groups of 128 of its 512 channels" in skip.reason
     assert not report.matched and after.code == before.code
     (record,) = [r for r in caplog.records if r.name == "mxfuse" and r.levelno == logging.WARNING]
     assert "grouped norm" in record.getMessage()
+
+
+# ================================================================== the sources' arithmetic
+
+SOURCE_K = 256
+EPS = 1e-6
+DTYPES = [torch.bfloat16, torch.float16]
+SOURCE_K = 256
+EPS = 1e-6
+
+
+def source_rows(m: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """special_rows (zeros, smallest normal, huge, NaN, +-Inf, tiny) plus a row in fp16's subnormal range."""
+    x = special_rows(m, SOURCE_K, dtype, seed)
+    x[8] = (torch.randn(SOURCE_K, generator=torch.Generator().manual_seed(seed)) * 2.0**-20).to(dtype)
+    return x
+
+
+def source_weight(dtype: torch.dtype) -> torch.Tensor:
+    w = torch.randn(SOURCE_K, generator=torch.Generator().manual_seed(9)).to(dtype)
+    w[:8], w[8:16] = -0.0, 2.0**-10  # -0 weights (the sign of y's zeros) and a small block
+    return w
+
+
+def quant_then(y: torch.Tensor, *rest: torch.Tensor, swizzled: bool = False):
+    return (*mx.mxfp8_quantize(y, swizzled), *rest, y)
+
+
+def hf_norm_classes(family: str = "standard"):
+    pytest.importorskip("transformers")
+    if family == "gemma":
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+        from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+        return [GemmaRMSNorm, Gemma3RMSNorm]
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2RMSNorm
+    from transformers.models.glm4.modeling_glm4 import Glm4RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+    return [LlamaRMSNorm, Qwen3RMSNorm, Qwen3MoeRMSNorm, MistralRMSNorm, DeepseekV2RMSNorm, Glm4RMSNorm]
+
+
+def hf_module(cls, dtype):
+    module = cls(SOURCE_K, eps=EPS).to(dtype)
+    module.weight.data.copy_(source_weight(dtype))
+    return module
+
+
+# ----------------------------------------------------------------- Hugging Face
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hugging_face_norms_equal_the_family_op(family, dtype):
+    """Standard: `weight * normalize(x).to(dtype)`: `rms_norm(round_normalized=True)`, bitwise; the default
+    differs. Gemma: `(normalize(x.float()) * (1 + w.float())).type_as(x)`: `gemma_rmsnorm`, one rounding."""
+    x = source_rows(24, dtype).view(2, 12, SOURCE_K)
+    for cls in hf_norm_classes(family):
+        module = hf_module(cls, dtype)
+        with torch.no_grad():
+            y = module(x)
+        assert y.dtype == dtype
+        if family == "gemma":
+            assert_bitwise(mx.gemma_rmsnorm(x, module.weight, EPS), y)
+            assert_bitwise(mx.gemma_rmsnorm_mxfp8(x, module.weight, EPS, True, True), quant_then(y, swizzled=True))
+            continue
+        assert_bitwise(mx.rms_norm(x, module.weight, EPS, True), y)
+        fused = mx.gemma_rmsnorm_mxfp8(x, module.weight, EPS, True, True, 0.0, round_normalized=True)
+        assert_bitwise(fused, quant_then(y, swizzled=True))
+        assert not torch.equal(mx.rms_norm(x, module.weight, EPS), y), cls.__name__  # the rounding matters
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
+def test_hugging_face_decoder_add_then_norm_is_round_sum_round_normalized(dtype, swizzled):
+    """A decoder layer adds `residual + hidden` in the model dtype, then norms: `round_sum=True`."""
+    x, residual = source_rows(40, dtype), source_rows(40, dtype, seed=3).roll(5, 0)
+    module = hf_module(hf_norm_classes()[0], dtype)
+    with torch.no_grad():
+        h = residual + x
+        y = module(h)
+    fused = mx.gemma_fused_add_rmsnorm_mxfp8(
+        x, residual, module.weight, EPS, swizzled, True, True, 0.0, round_normalized=True
+    )
+    assert_bitwise(fused, quant_then(y, h, swizzled=swizzled))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hugging_face_norm_compiled_by_inductor_is_within_the_foreign_bound(dtype):
+    """Inductor reorders the mean's sum: within the bound, not bitwise (as for foreign Gemma norms)."""
+    x = (torch.randn(64, SOURCE_K, generator=torch.Generator().manual_seed(4)) * 3).to(dtype)
+    module = hf_module(hf_norm_classes()[0], dtype)
+    with torch.no_grad():
+        y = torch.compile(module, fullgraph=True)(x)
+    fused = mx.gemma_rmsnorm_mxfp8(x, module.weight, EPS, False, True, 0.0, round_normalized=True)
+    assert_within_foreign_bound(fused, quant_then(y), swizzled=False)
+
+
+# ------------------------------------------------------------------------ vLLM
+
+
+@pytest.fixture(scope="module")
+def vllm_config():
+    pytest.importorskip("vllm")
+    import vllm.ir.ops  # noqa: F401  (vllm_ir.rms_norm / fused_add_rms_norm)
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        yield
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vllm_ir_norms_with_a_model_dtype_weight_are_round_normalized(vllm_config, dtype):
+    """`vllm_ir.rms_norm` (native): `x.to(w.dtype) * w`: `round_normalized=True`; the fused-add
+    form normalizes the fp32 sum (`round_sum=False`) and returns its rounding as the residual."""
+    x, residual, w = source_rows(33, dtype), source_rows(33, dtype, seed=2), source_weight(dtype)
+    y = torch.ops.vllm_ir.rms_norm(x, w, EPS)
+    assert_bitwise(mx.rms_norm(x, w, EPS, True), y)
+    assert_bitwise(mx.gemma_rmsnorm_mxfp8(x, w, EPS, False, True, 0.0, round_normalized=True), quant_then(y))
+    y, residual_out = torch.ops.vllm_ir.fused_add_rms_norm(x, residual, w, EPS)
+    assert_bitwise(mx.fused_add_rms_norm(x, residual, w, EPS, True), (y, residual_out))
+    fused = mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, w, EPS, True, True, weight_offset=0.0, round_normalized=True)
+    assert_bitwise(fused, quant_then(y, residual_out, swizzled=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vllm_ir_norm_with_an_fp32_weight_rounds_once(vllm_config, dtype):
+    """With an fp32 weight (vLLM's Gemma layer passes `w.float() + 1`) `x.to(fp32)` rounds nothing."""
+    x, w = source_rows(17, dtype), source_weight(torch.float32)
+    assert_bitwise(mx.rms_norm(x, w, EPS), torch.ops.vllm_ir.rms_norm(x, w, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vllm_rms_norm_layer_on_cpu(vllm_config, dtype):
+    """vLLM's `RMSNorm` layer (its CustomOp dispatch on CPU: `forward_native`, the IR ops)."""
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    layer = RMSNorm(SOURCE_K, eps=EPS, dtype=dtype)
+    layer.weight.data.copy_(source_weight(dtype))
+    x, residual = source_rows(20, dtype), source_rows(20, dtype, seed=6)
+    assert_bitwise(layer(x), mx.rms_norm(x, layer.weight.data, EPS, True))
+    expected = mx.fused_add_rms_norm(x, residual, layer.weight.data, EPS, True)
+    assert_bitwise(layer(x.clone(), residual.clone()), expected)  # clones: the IR op may work in place
+
+
+# ----------------------------------------------------------------------- torch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_rms_norm_eager_is_fp32_throughout(dtype):
+    """`F.rms_norm` / `nn.RMSNorm` on CPU: the weight multiply in fp32, one rounding (the default form)."""
+    x, w = source_rows(30, dtype), source_weight(dtype)
+    y = F.rms_norm(x, (SOURCE_K,), w, EPS)
+    assert_bitwise(mx.rms_norm(x, w, EPS), y)
+    assert_bitwise(mx.gemma_rmsnorm_mxfp8(x, w, EPS, True, True, 0.0), quant_then(y, swizzled=True))
+    assert not torch.equal(mx.rms_norm(x, w, EPS, True), y)
+    module = torch.nn.RMSNorm(SOURCE_K, dtype=dtype)  # eps=None: torch.finfo(float32).eps
+    module.weight.data.copy_(w)
+    with torch.no_grad():
+        assert_bitwise(mx.rms_norm(x, w, torch.finfo(torch.float32).eps), module(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_rms_norm_compiled_is_within_the_foreign_bound(dtype):
+    """Inductor decomposes `rms_norm` (fp32 throughout) and reorders the sum: within the bound."""
+    x = (torch.randn(64, SOURCE_K, generator=torch.Generator().manual_seed(8)) * 3).to(dtype)
+    w = source_weight(dtype)
+    y = torch.compile(lambda t: F.rms_norm(t, (SOURCE_K,), w, EPS), fullgraph=True)(x)
+    assert_within_one_ulp(mx.rms_norm(x, w, EPS), y)
+    assert_within_foreign_bound(mx.gemma_rmsnorm_mxfp8(x, w, EPS, False, True, 0.0), quant_then(y), swizzled=False)
+
+
+# ----------------------------------------- CUDA kernels (FlashInfer, vLLM's _C)
+
+
+def emulated_cuda_norm(x, residual, w, round_sum: bool):
+    """The arithmetic of FlashInfer's norm kernels (`norm.cuh:63-127, 416-496`, fp32 sum of x + residual)
+    and vLLM's `_C` kernels (`layernorm_kernels.cu`, the sum rounded to dtype first: `round_sum`),
+    in plain PyTorch: per-thread strided partial sums of squares added as a tree (not torch's
+    order), `sum / SOURCE_K`, an rsqrt two fp32 ulps off (as `rsqrt.approx` / `rsqrtf` may be), one rounding."""
+    s = x.float() if residual is None else x.float() + residual.float()
+    residual_out = None if residual is None else s.to(x.dtype)
+    if round_sum and residual is not None:
+        s = residual_out.float()
+    partial = (s * s).view(s.shape[0], -1, 32).sum(dim=1)  # 32 "threads", each striding over the row
+    while partial.shape[1] > 1:
+        partial = partial[:, 0::2] + partial[:, 1::2]
+    rstd = torch.rsqrt(partial / SOURCE_K + EPS) * (1 + 2.0**-22)
+    y = (s * rstd * w.float()).to(x.dtype)
+    return y if residual is None else (y, residual_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("round_sum", [False, True], ids=["flashinfer", "vllm_c"])
+def test_cuda_kernel_arithmetic_is_within_the_foreign_bound(dtype, round_sum):
+    """The bound claimed for the kernels that cannot run here, against an emulation of their order
+    of operations (the one stub of this module: the kernels themselves need CUDA)."""
+    g = torch.Generator().manual_seed(11)
+    x, residual = ((torch.randn(256, SOURCE_K, generator=g) * 3).to(dtype) for _ in range(2))
+    w = source_weight(dtype)
+    y = emulated_cuda_norm(x, None, w, round_sum)
+    assert_within_foreign_bound(mx.gemma_rmsnorm_mxfp8(x, w, EPS, False, True, 0.0), quant_then(y), swizzled=False)
+    y, residual_out = emulated_cuda_norm(x, residual, w, round_sum)
+    fused = mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, w, EPS, False, True, round_sum, 0.0)
+    assert_within_foreign_bound(fused, quant_then(y, residual_out), swizzled=False)
+    assert_bitwise(fused[2], residual_out)

@@ -1,4 +1,5 @@
-"""The mxfuse ops on CPU: contracts of docs/design.md, bitwise fused == unfused, schemas, errors."""
+"""The mxfuse ops on CPU: contracts of docs/design.md, the fused ops' plumbing (fused == unfused, which on
+CPU is the same reference on both sides: tests/norm_families.py), schemas, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from norm_families import FAMILIES, family_weight, fused, special_rows, unfused
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mxfuse  # noqa: F401
@@ -17,74 +19,61 @@ mx = torch.ops.mxfuse
 FLT_MIN = torch.finfo(torch.float32).tiny
 
 
-def special_rows(m: int, k: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
-    """Random rows with the hard cases of the contract planted in the first rows."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g)
-    cases = [
-        lambda r: r.zero_(),  # all-zero row
-        lambda r: r[:32].fill_(FLT_MIN).mul_(torch.sign(torch.randn(32, generator=g))),  # smallest normal
-        lambda r: r.mul_(3e37),  # huge values
-        lambda r: r.__setitem__(3, float("nan")),  # NaN
-        lambda r: r.__setitem__(5, float("inf")),  # +Inf
-        lambda r: r.__setitem__(7, float("-inf")),  # -Inf
-        lambda r: r[:32].mul_(1e4),  # one block dominates
-        lambda r: r.mul_(1e-30),  # tiny values
-    ]
-    for row, case in zip(x, cases):
-        case(row)
-    return x.to(dtype)
+# --------------------------------------------------------------- the fused ops' plumbing
+#
+# On CPU the fused ops and the unfused pair compute with the same reference functions
+# (tests/norm_families.py): these tests check the plumbing, not the arithmetic.
+
+PLUMBING_SHAPES = [(0, 64), (1, 64), (3, 96), (37, 160), (130, 160), (5, 6144)]  # 130: two 128-row scale tiles
 
 
-def unfused(x, residual, weight, eps, swizzled, round_sum=False):
-    if residual is None:
-        y = mx.gemma_rmsnorm(x, weight, eps)
-        return (*mx.mxfp8_quantize(y, swizzled), y)
-    if round_sum:
-        residual_out = (x + residual).to(x.dtype)
-        y = mx.gemma_rmsnorm(residual_out, weight, eps)
-    else:
-        y, residual_out = mx.gemma_fused_add_rmsnorm(x, residual, weight, eps)
-    return (*mx.mxfp8_quantize(y, swizzled), residual_out, y)
-
-
-def fused(x, residual, weight, eps, swizzled, round_sum=False):
-    if residual is None:
-        return mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, True)
-    return mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, True, round_sum)
-
-
-SHAPES = [(0, 64), (1, 64), (3, 96), (37, 160), (37, 3072), (5, 6144), (4096, 96), (130, 6144)]
-
-
-@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("m,k", PLUMBING_SHAPES)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
 @pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
-def test_fused_equals_unfused_bitwise(m, k, residual, swizzled):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_ops_route_outputs_shapes_and_layouts_as_the_unfused_pair(family, m, k, residual, swizzled):
     x = special_rows(m, k)
     r = special_rows(m, k, seed=1).roll(1, 0) if residual else None
-    w = (0.1 * torch.randn(k, generator=torch.Generator().manual_seed(2))).to(torch.bfloat16)
-    w[:32] = 2.0**-8 - 1  # 1 + w = 2**-8
-    assert_bitwise(fused(x, r, w, 1e-6, swizzled), unfused(x, r, w, 1e-6, swizzled))
+    w = family_weight(family, k)
+    expected = unfused(family, x, r, w, 1e-6, swizzled)
+    assert_bitwise(fused(family, x, r, w, 1e-6, swizzled), expected)
+    no_y = fused(family, x, r, w, 1e-6, swizzled, emit_y=False)
+    assert no_y[-1].numel() == 0
+    assert_bitwise(no_y[:-1], expected[:-1])
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize("round_normalized", [False, True], ids=["fp32", "round_normalized"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_ops_pass_round_normalized_and_the_dtype_on(family, residual, round_normalized, dtype):
+    x = special_rows(37, 160, dtype)
+    r = special_rows(37, 160, dtype, seed=1).roll(1, 0) if residual else None
+    w = family_weight(family, 160, dtype)
+    expected = unfused(family, x, r, w, 1e-6, True, round_normalized=round_normalized)
+    assert_bitwise(fused(family, x, r, w, 1e-6, True, round_normalized=round_normalized), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_round_sum_mode_equals_add_then_norm(dtype):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_sum_mode_equals_add_then_norm(family, dtype):
     x, r = special_rows(64, 160, dtype), special_rows(64, 160, dtype, seed=3)
     w = torch.zeros(160, dtype=dtype)
-    assert_bitwise(fused(x, r, w, 1e-5, False, True), unfused(x, r, w, 1e-5, False, True))
+    expected = unfused(family, x, r, w, 1e-5, False, round_sum=True)
+    assert_bitwise(fused(family, x, r, w, 1e-5, False, round_sum=True), expected)
 
 
-def test_3d_and_row_strided_inputs():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_3d_and_row_strided_inputs(family):
     base = special_rows(24, 256)
     x = base[:, :192]  # a view with a row stride of 256
     assert x.stride() == (256, 1)
     w = torch.zeros(192, dtype=torch.bfloat16)
-    assert_bitwise(fused(x, None, w, 1e-6, False), unfused(x.contiguous(), None, w, 1e-6, False))
+    assert_bitwise(fused(family, x, None, w, 1e-6, False), unfused(family, x.contiguous(), None, w, 1e-6, False))
     x3, r3 = special_rows(12, 64).view(2, 6, 64), special_rows(12, 64, seed=4).view(2, 6, 64)
-    out = fused(x3, r3, w[:64], 1e-6, False)
+    out = fused(family, x3, r3, w[:64], 1e-6, False)
     assert out[0].shape == (2, 6, 64) and out[1].shape == (2, 6, 2)
-    assert_bitwise(out, unfused(x3, r3, w[:64], 1e-6, False))
+    assert_bitwise(out, unfused(family, x3, r3, w[:64], 1e-6, False))
 
 
 def test_weight_offset_zero_takes_one_plus_w_in_fp32():
@@ -92,60 +81,6 @@ def test_weight_offset_zero_takes_one_plus_w_in_fp32():
     gemma = mx.gemma_rmsnorm_mxfp8(x, w, 1e-6, False, True)
     explicit = mx.gemma_rmsnorm_mxfp8(x, w.float() + 1.0, 1e-6, False, True, 0.0)
     assert_bitwise(explicit, gemma)
-
-
-def standard_unfused(x, residual, weight, eps, swizzled, round_normalized):
-    """The standard RMSNorm as the project's unfused pair: `rms_norm` (or `fused_add_rms_norm`), then the quant."""
-    if residual is None:
-        y = mx.rms_norm(x, weight, eps, round_normalized)
-        return (*mx.mxfp8_quantize(y, swizzled), y)
-    y, residual_out = mx.fused_add_rms_norm(x, residual, weight, eps, round_normalized)
-    return (*mx.mxfp8_quantize(y, swizzled), residual_out, y)
-
-
-def standard_fused(x, residual, weight, eps, swizzled, round_normalized, emit_y=True):
-    """The standard RMSNorm fused: `rms_norm_mxfp8` / `fused_add_rms_norm_mxfp8`, checked against the
-    Gemma-named fused ops with `weight_offset=0.0` (the same impls: one arithmetic)."""
-    kw = {"emit_y": emit_y, "round_normalized": round_normalized}
-    if residual is None:
-        out = mx.rms_norm_mxfp8(x, weight, eps, swizzled, **kw)
-        assert_bitwise(out, mx.gemma_rmsnorm_mxfp8(x, weight, eps, swizzled, weight_offset=0.0, **kw))
-        return out
-    out = mx.fused_add_rms_norm_mxfp8(x, residual, weight, eps, swizzled, **kw)
-    assert_bitwise(out, mx.gemma_fused_add_rmsnorm_mxfp8(x, residual, weight, eps, swizzled, weight_offset=0.0, **kw))
-    return out
-
-
-@pytest.mark.parametrize("m,k", [(0, 64), (1, 64), (37, 160), (130, 6144)])
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
-@pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
-@pytest.mark.parametrize("round_normalized", [False, True], ids=["fp32", "round_normalized"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_standard_fused_equals_unfused_bitwise(m, k, residual, swizzled, round_normalized, dtype):
-    x = special_rows(m, k, dtype)
-    r = special_rows(m, k, dtype, seed=1).roll(1, 0) if residual else None
-    w = torch.randn(k, generator=torch.Generator().manual_seed(2)).to(dtype)
-    w[:32], w[32:40] = 2.0**-8, -0.0  # a small weight block, and -0 weights (the sign of y's zeros)
-    expected = standard_unfused(x, r, w, 1e-6, swizzled, round_normalized)
-    assert_bitwise(standard_fused(x, r, w, 1e-6, swizzled, round_normalized), expected)
-    no_y = standard_fused(x, r, w, 1e-6, swizzled, round_normalized, emit_y=False)
-    assert no_y[-1].numel() == 0
-    assert_bitwise(no_y[:-1], expected[:-1])
-
-
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "fused_add"])
-def test_round_normalized_gemma_equals_unfused(residual):
-    x, w = special_rows(40, 192), (0.1 * torch.randn(192)).to(torch.bfloat16)
-    if residual:
-        r = special_rows(40, 192, seed=5)
-        y, res = mx.gemma_fused_add_rmsnorm(x, r, w, 1e-6, True)
-        fused_out = mx.gemma_fused_add_rmsnorm_mxfp8(x, r, w, 1e-6, True, True, round_normalized=True)
-        assert_bitwise(fused_out, (*mx.mxfp8_quantize(y, True), res, y))
-    else:
-        y = mx.gemma_rmsnorm(x, w, 1e-6, True)
-        assert_bitwise(
-            mx.gemma_rmsnorm_mxfp8(x, w, 1e-6, True, True, round_normalized=True), (*mx.mxfp8_quantize(y, True), y)
-        )
 
 
 def test_round_normalized_is_one_rounding_before_the_weight_multiply():
@@ -172,10 +107,10 @@ def test_packed_standard_form_equals_unpacked(round_normalized):
     w = torch.randn(128).to(torch.bfloat16)
     kw = {"weight_offset": 0.0, "round_normalized": round_normalized}
     packed, y = mx.gemma_rmsnorm_mxfp8_packed(x, w, 1e-6, True, **kw)
-    codes, scales, y_ref = standard_unfused(x, None, w, 1e-6, False, round_normalized)
+    codes, scales, y_ref = unfused("standard", x, None, w, 1e-6, False, round_normalized=round_normalized)
     assert_bitwise((packed[:, :128].view(torch.float8_e4m3fn), packed[:, 128:], y), (codes, scales, y_ref))
     packed, res, y = mx.gemma_fused_add_rmsnorm_mxfp8_packed(x, r, w, 1e-6, True, **kw)
-    codes, scales, res_ref, y_ref = standard_unfused(x, r, w, 1e-6, False, round_normalized)
+    codes, scales, res_ref, y_ref = unfused("standard", x, r, w, 1e-6, False, round_normalized=round_normalized)
     assert_bitwise(
         (packed[:, :128].view(torch.float8_e4m3fn), packed[:, 128:], res, y), (codes, scales, res_ref, y_ref)
     )
@@ -447,8 +382,9 @@ def test_mixed_devices_and_errors_at_trace_time():
 # ----------------------------------------------------------------- property
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
+    family=st.sampled_from(FAMILIES),
     m=st.integers(0, 9),
     blocks=st.integers(1, 6),
     scale=st.sampled_from([1e-38, 1e-20, 1e-3, 1.0, 1e3, 1e30]),
@@ -457,13 +393,14 @@ def test_mixed_devices_and_errors_at_trace_time():
     dtype=st.sampled_from([torch.bfloat16, torch.float16]),
     seed=st.integers(0, 2**16),
 )
-def test_property_fused_equals_unfused(m, blocks, scale, residual, swizzled, dtype, seed):
+def test_property_fused_ops_route_like_the_unfused_pair(family, m, blocks, scale, residual, swizzled, dtype, seed):
+    """Plumbing at random small shapes (tests/norm_families.py: the same reference on both sides)."""
     k = 32 * blocks
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, k, generator=g) * scale).to(dtype)
     r = (torch.randn(m, k, generator=g) * scale).to(dtype) if residual else None
     w = torch.randn(k, generator=g).to(dtype)
-    assert_bitwise(fused(x, r, w, 1e-6, swizzled), unfused(x, r, w, 1e-6, swizzled))
+    assert_bitwise(fused(family, x, r, w, 1e-6, swizzled), unfused(family, x, r, w, 1e-6, swizzled))
 
 
 # ----------------------------------------------------------------- autograd

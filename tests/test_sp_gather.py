@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_helpers import run_pass, trace
 from sp_helpers import (
     GROUP,
     K,
@@ -21,11 +22,9 @@ from sp_helpers import (
     gathers,
     local_inputs,
     mx,
-    run_pass,
     simulate,
     sp_block,
     targets,
-    trace,
     weights,
 )
 from torch._subclasses.fake_tensor import FakeTensorMode

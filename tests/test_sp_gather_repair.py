@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from graph_helpers import run_pass, trace
 from sp_helpers import (
     K,
     W,
@@ -18,11 +19,9 @@ from sp_helpers import (
     linear_swizzled,
     local_inputs,
     mx,
-    run_pass,
     simulate,
     sp_block,
     targets,
-    trace,
     weights,
 )
 

@@ -31,14 +31,14 @@ survives: a code may move one e4m3 step), asserted by `_assert_sp_run` for any W
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import pytest
 import torch
 import torch._C._distributed_c10d as c10d_cpp
-from graph_helpers import CapturingPass
+from graph_helpers import CapturingPass, run_pass, trace
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from mxfuse.models import Model, ModelConfig, example_inputs
 from mxfuse.models_tp import TPModel
@@ -85,36 +85,23 @@ def _state(model) -> dict:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(n_tokens, dynamic): graph module}
+
+
 def trace_model(model, n_tokens: int, dynamic: bool = False) -> fx.GraphModule:
-    """The model's ATen graph with ids (rows dynamic if asked) and weights (static) as inputs."""
-    names = list(_state(model))
+    """The model's ATen graph with ids (rows dynamic if asked) and weights (static) as inputs: traced once
+    per model, token count and dynamism, a fresh copy each call (the pass rewrites it in place)."""
+    traced = _TRACED.setdefault(model, {})
+    if (n_tokens, dynamic) not in traced:
+        names = list(_state(model))
 
-    def fn(ids, *weights):
-        return torch.func.functional_call(model, dict(zip(names, weights)), (ids,))
+        def fn(ids, *weights):
+            return torch.func.functional_call(model, dict(zip(names, weights)), (ids,))
 
-    return trace(fn, example_inputs(CONFIG, n_tokens), *_state(model).values(), dynamic=dynamic)
-
-
-def trace(fn, *args, dynamic: bool = False, decompose: bool = False) -> fx.GraphModule:
-    """make_fx with fake tensors; with `dynamic`, dim 0 of the first argument is symbolic, and so is
-    dim 0 of every later argument of the same shape and dtype (the same symbol: the token count)."""
-    mode = FakeTensorMode(shape_env=ShapeEnv() if dynamic else None, allow_non_fake_inputs=True)
-    fakes = []
-    for i, a in enumerate(args):
-        if dynamic and i == 0:
-            dims = [DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (a.dim() - 1)
-            fakes.append(mode.from_tensor(a, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)))
-        elif dynamic and a.shape == args[0].shape and a.dtype == args[0].dtype:
-            with mode:
-                fakes.append(torch.empty_like(fakes[0]))
-        else:
-            fakes.append(mode.from_tensor(a, static_shapes=True))
-    table = None
-    if decompose:  # Inductor's decompositions: `.float()` becomes prims.convert_element_type, as post-grad
-        from torch._inductor.decomposition import select_decomp_table
-
-        table = select_decomp_table()
-    return make_fx(fn, decomposition_table=table, tracing_mode="real")(*fakes)
+        traced[n_tokens, dynamic] = trace(
+            fn, example_inputs(CONFIG, n_tokens), *_state(model).values(), dynamic=dynamic
+        )
+    return copy.deepcopy(traced[n_tokens, dynamic])
 
 
 def weights_of(models) -> list[tuple]:
@@ -181,20 +168,12 @@ def counts(gm) -> dict:
     return {name: sum(t is op for t in targets) for name, op in names.items()}
 
 
-def run_pass(gm, **options) -> post_grad.PassReport:
-    """The pass with `options` (the environment fills the rest: strict in this suite, see conftest)."""
-    report = post_grad.run(gm.graph, PassOptions.from_env(**options))
-    assert report.failed is None, report.failed
-    gm.recompile()
-    return report
-
-
 def sp_kind(family: str, pad: bool) -> sp.SequenceParallelKind:
     """The kind the rewrite reports for a graph whose all-reduces are of `family`."""
     return sp.SequenceParallelKind(family, pad)
 
 
-def plan_directly(rewrite, node, norm_kind, plan):
+def plan_directly(rewrite, node, producer_kind, plan):
     """The pass's per-site rule reduced to its strict form: plan, and let an exception out."""
     return plan()
 

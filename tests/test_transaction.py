@@ -14,10 +14,8 @@ import sys
 
 import pytest
 import torch
+from graph_helpers import trace
 from torch import fx
-from torch._inductor.decomposition import select_decomp_table
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 
 import mxfuse
 from mxfuse.models import Model, ModelConfig, example_inputs
@@ -39,9 +37,7 @@ def traced(layers: int) -> fx.GraphModule:
         def fn(ids, *weights):
             return torch.func.functional_call(model, dict(zip(names, weights)), (ids,))
 
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        args = [mode.from_tensor(t, static_shapes=True) for t in (example_inputs(model.config, 8), *state.values())]
-        _TRACED[layers] = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="real")(*args)
+        _TRACED[layers] = trace(fn, example_inputs(model.config, 8), *state.values(), decompose=True)
     gm = _TRACED[layers]
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))

@@ -104,8 +104,17 @@ def rocm_case(case: Case, checkpoint: str) -> Case:
     )
 
 
-@pytest.mark.parametrize("checkpoint", FORMATS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+# ModelOpt on every Gemma-norm model; Quark (a checkpoint format: the same kernel and activation quant, read
+# through another scheme class) on two: Gemma 3 (a fused-add input norm whose residual comes from the
+# previous piece) and Qwen3-Next (a gated delta net, an MoE layer, and `in_proj_ba` quantized on ROCm).
+QUARK_CASES = ("gemma3", "qwen3_next")
+ROCM_CASES = [
+    *(pytest.param(case, "modelopt", id=f"{case.name}-modelopt") for case in CASES),
+    *(pytest.param(case, "quark", id=f"{case.name}-quark") for case in CASES if case.name in QUARK_CASES),
+]
+
+
+@pytest.mark.parametrize(("case", "checkpoint"), ROCM_CASES)
 def test_every_gemma_norm_quant_site_fuses_with_rocm_dot_scaled(vllm_cpu, case, checkpoint):
     case = rocm_case(case, checkpoint)
     record = compile_model(
