@@ -1,7 +1,7 @@
 """act·mul producers (mxfuse/patterns/act_mul.py) through rewrite 1, on graphs of every source.
 
 Each source's graph is traced with Inductor's decompositions (tests/test_norm_forms.py's
-`run_pass`: what a post-grad pass receives), rewritten by the pass, and run: the fused graph
+`rewritten`: what a post-grad pass receives), rewritten by the pass, and run: the fused graph
 must equal the unfused one bit for bit on CPU (codes, scales and any bf16 `y` a second user
 reads), with exactly the fused op the source calls for (its activation, `round_each_op`,
 `gate_first`, the pair form). Sites that cannot fuse are left exactly as they were, with a code.
@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from graph_helpers import assert_bitwise, compile_with_pass, op_counts
+from graph_helpers import assert_bitwise, compile_with_pass, op_counts, rewritten as run_pass
 from test_act_mul_ops import gate_up_of, hf_gpt_oss, vllm_gelu_tanh_and_mul, vllm_silu_and_mul, vllm_swiglu_step_and_mul
-from test_norm_forms import run_pass
 
 import mxfuse  # noqa: F401
 from mxfuse.models import swiglu_oai, swiglu_oai_native
