@@ -173,4 +173,5 @@ def _counted(families: collections.Counter) -> str:
     """`3 norms, 1 act·mul`: the sites of a graph by producer family, in the families' order."""
     from mxfuse.patterns.producers import ProducerFamily
 
-    return ", ".join(_n(families[f], _FAMILY_NOUNS[f.value]) for f in ProducerFamily if families[f]) or "none"
+    nouns = {f: _FAMILY_NOUNS.get(f.value, f.value.replace("_", " ")) for f in ProducerFamily}  # a new family: its name
+    return ", ".join(_n(families[f], nouns[f]) for f in ProducerFamily if families[f]) or "none"
