@@ -156,11 +156,11 @@ def test_explain_reference(capsys):
     rc = main(["explain", "--layers", "1", "--tokens", "16", "--source"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "graph 0: 4 norms, 3 fused, 1 not fused" in out  # the 4th producer: the SwiGLU-OAI (act·mul)
+    assert "graph 0: 4 sites (3 norms, 1 act·mul), 3 fused, 1 not fused" in out  # the act·mul: the SwiGLU-OAI
     lines = out.splitlines()
 
     def verdict(module):
-        i = next(i for i, line in enumerate(lines) if f"] {module} at models.py:" in line)
+        i = next(i for i, line in enumerate(lines) if f"] {module} at layers.py:" in line)
         return lines[i + 2].strip()  # the line after the source line
 
     assert verdict("layers.0.input_norm") == "fused: mxfuse:plain->mxfuse_quant:rowmajor"
@@ -168,11 +168,12 @@ def test_explain_reference(capsys):
     assert verdict("norm") == "not fused: no MXFP8 quant reads its output (read by: the graph output)"
     assert verdict("layers.0") == "fused: mxfuse_models:swiglu_oai_mul+fp32->mxfuse_quant:rowmajor"
     assert "return torch.ops.mxfuse.gemma_fused_add_rmsnorm(x, residual, self.w, self.eps)" in out
-    assert "MXFP8 quants not fed by a recognized norm (left as they are): 1" in out
+    assert "MXFP8 quants not fed by a recognized producer (left as they are): 1" in out
     assert "1 read getitem of aten._scaled_dot_product_flash_attention_for_cpu" in out  # o_proj's
     assert out.rstrip().endswith(
-        "3 of 4 norms fused\n2 sites fused: 2 fewer launches per step, 2 KiB less memory traffic per token "
-        "(16 MiB per 8192-token step), derived from the op contracts"
+        # two norms of K 256 (4K bytes a token each) and the act·mul of I 512 (4I): 1 + 1 + 2 KiB a token
+        "3 of 4 sites fused\n3 sites fused: 3 fewer launches per step, 4 KiB less memory traffic per token "
+        "(32 MiB per 8192-token step), derived from the op contracts"
     )
     torch.compiler.reset()
 
@@ -211,7 +212,7 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     torch.compiler.reset()
     assert rc == 0, out
-    assert "graph 0: 2 norms, 1 fused, 1 not fused" in out
+    assert "graph 0: 2 sites (2 norms), 1 fused, 1 not fused" in out
     lines = [line.strip() for line in out.splitlines()]
     assert "fused: mxfuse:plain->mxfuse_quant:rowmajor" in lines
     unfused = next(i for i, line in enumerate(lines) if line.startswith("not fused: "))
@@ -219,7 +220,7 @@ def test_explain_model_factory(tmp_path, monkeypatch, capsys):
     assert "nor Gemma's `1 + w`" in lines[unfused]
     assert lines[unfused + 1].startswith("fix: ") and "gemma_rmsnorm" in lines[unfused + 1]
     assert out.rstrip().endswith(
-        "1 of 2 norms fused\n1 site fused: 1 fewer launch per step, 256 B less memory traffic per token "
+        "1 of 2 sites fused\n1 site fused: 1 fewer launch per step, 256 B less memory traffic per token "
         "(2 MiB per 8192-token step), derived from the op contracts"
     )
 

@@ -137,6 +137,19 @@ def test_fp32_gate_is_refused_as_an_activation_dtype():
     assert gated_producers(gm) == []  # not a gate of model-dtype tensors: nothing to fuse, nothing claimed
 
 
+@pytest.mark.parametrize(
+    "activation",
+    [lambda x: x * torch.sigmoid(x * 1.702), lambda x: (x.float() * torch.sigmoid(x.float())).to(x.dtype)],
+    ids=["glu_oai", "silu_fp32"],
+)
+def test_an_activation_of_x_is_not_a_gate(activation):
+    """`x * sigmoid(alpha * x)` (the GLU inside Hugging Face's MiniMax-M3 / GPT-OSS SwiGLU, a SiLU written
+    with sigmoid) is an activation, not a gated output: no gate is claimed (the act·mul recognizer owns it)."""
+    x = rand(T, H * D)
+    gm = trace(lambda x: mx.mxfp8_quantize(activation(x), False), x)
+    assert [p for p in find_producers(gm.graph) if p.family is ProducerFamily.GATE] == []
+
+
 def test_no_packed_form():
     x, g = rand(T, H * D), rand(T, H * D, seed=1)
     (producer,) = gated_producers(trace(vllm_gate, x, g))

@@ -5,8 +5,8 @@ With an independent detector (below, not mxfuse's recognizers) every MXFP8 activ
 classified by what feeds it, before mxfuse ran and after: the gated attention output
 (`mul(x, sigmoid(gate))` before o_proj) and the GDN's gated RMSNorm (a cast of an fp32 product whose
 ancestry holds the norm's `rsqrt` and the gate's `exp` / `sigmoid`, before out_proj) must leave no
-standalone quant, and their fused ops must feed vLLM's MXFP8 GEMM. The act·mul quant (down_proj) is
-another producer's (reported in the table, not asserted here).
+standalone quant, and their fused ops must feed vLLM's MXFP8 GEMM. With the act·mul producer (down_proj's
+quant) no standalone MXFP8 quant is left in these layers at all (the README's per-layer table).
 
 Stubbed, besides tests/vllm_pipeline.py's list: nothing. The GDN layer's recurrent kernels
 (`vllm.gdn_attention_core`, FLA's chunked delta rule) are reached through vLLM's own splitting op, so
@@ -95,5 +95,6 @@ def test_no_gated_quant_left_standalone(vllm_cpu, name):
     assert after["gate"] == 0 and after["gated_norm"] == 0, table
     assert fused_gated(record.after) == Counter(gate=1, gated_norm=1), table
     assert after["norm"] == 0, table  # the norms fuse as before
+    assert not after, table  # the act·mul of down_proj too: no standalone quant left in the layers
     matched = {k: v for k, v in record.matched.items() if "sigmoid_gate" in k or "gated_rms_norm" in k}
     assert sum(matched.values()) == 2, record.matched

@@ -48,19 +48,24 @@ def _table(heading: str) -> list[list[str]]:
 
 
 def test_the_derived_savings_table_is_the_op_contract():
-    """Per model row: two fused sites per layer, each removing one launch and 2 x K x 2 bytes per token (the
-    bf16 norm output written and read back), as `PassReport` derives them for the log and `mxfuse explain`."""
+    """Per model row: per layer two fused norm sites of width K and one act·mul site of width I, each removing
+    one launch and 2 x width x 2 bytes per token (the bf16 output written and read back), as `PassReport`
+    derives them for the log and `mxfuse explain` from each site's output row (`SiteRecord.row_bytes`)."""
     from mxfuse.passes.report import PassReport, SiteRecord, size_text
     from mxfuse.patterns.producer_quant import ProducerQuantKind
     from mxfuse.patterns.producers import ProducerFamily
 
     rows = _table("### What a fused site removes, derived")
     assert len(rows) >= 3
-    kind = ProducerQuantKind(
+    norm = ProducerQuantKind(
         "vllm_ir:fused_add_rms_norm", "vllm", "swizzled", writes_y=False, family=ProducerFamily.NORM
     )
-    for model, k, layers, launches, per_token, decode, prefill in rows:
-        sites = [SiteRecord("norm_quant", kind, f"y{i}", (), row_bytes=2 * int(k)) for i in range(2 * int(layers))]
+    act_mul = ProducerQuantKind("aten:silu_mul", "vllm", "swizzled", writes_y=False, family=ProducerFamily.ACT_MUL)
+    for model, k, i, layers, launches, per_token, decode, prefill in rows:
+        sites = [
+            *(SiteRecord("norm_quant", norm, f"y{n}", (), row_bytes=2 * int(k)) for n in range(2 * int(layers))),
+            *(SiteRecord("norm_quant", act_mul, f"a{n}", (), row_bytes=2 * int(i)) for n in range(int(layers))),
+        ]
         report = PassReport(applied=sites)
         per_row, unknown = report.bytes_saved_per_row()
         assert unknown == 0 and int(launches) == report.launches_saved(), model

@@ -1,4 +1,5 @@
-"""`mxfuse explain`: for every RMSNorm (Gemma or standard) of the compiled graph, fused or not, and why."""
+"""`mxfuse explain`: for every producer of an MXFP8 activation (a norm, an act·mul, a gate) of the compiled
+graph, fused or not, and why."""
 
 from __future__ import annotations
 
@@ -124,16 +125,19 @@ def _user_frame(chain: Sequence[BaseException], module: object) -> str:
 
 
 def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, out: TextIO, fixes: bool = False):
-    """Per graph: every norm (fused or why not), the rewrites that left the whole graph, and the
-    MXFP8 quants no norm feeds."""
+    """Per graph: every producer site (fused or why not), counted by family, the rewrites that left the
+    whole graph, and the MXFP8 quants no recognized producer feeds."""
     n_fused = n_total = 0
     for i, (verdicts, quants) in enumerate(graphs):
-        norms = [v for v in verdicts if not v.whole_graph]
+        sites = [v for v in verdicts if not v.whole_graph]
         whole = [v for v in verdicts if v.whole_graph]
-        fused = sum(v.fused for v in norms)
-        n_fused, n_total = n_fused + fused, n_total + len(norms)
-        print(f"graph {i}: {len(norms)} norms, {fused} fused, {len(norms) - fused} not fused", file=out)
-        for v in norms:
+        fused = sum(v.fused for v in sites)
+        n_fused, n_total = n_fused + fused, n_total + len(sites)
+        families = _counted(collections.Counter(v.family for v in sites))
+        print(
+            f"graph {i}: {_n(len(sites), 'site')} ({families}), {fused} fused, {len(sites) - fused} not fused", file=out
+        )
+        for v in sites:
             where = " ".join(filter(None, (v.module, f"at {v.source}" if v.source else None)))
             print(f"  {v.node} [{v.kind}] {where}".rstrip(), file=out)
             if v.source_line and source:
@@ -145,7 +149,7 @@ def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, ou
             print(f"  {v.rewrite} left the whole graph alone at {v.node}: {v.detail}", file=out)
         if quants:
             producers = collections.Counter(q.producer for q in quants)
-            print(f"  MXFP8 quants not fed by a recognized norm (left as they are): {len(quants)}", file=out)
+            print(f"  MXFP8 quants not fed by a recognized producer (left as they are): {len(quants)}", file=out)
             for p, n in sorted(producers.items()):
                 print(f"    {n} read {p}", file=out)
             for q in quants:
@@ -155,4 +159,19 @@ def print_verdicts(graphs: Iterable[tuple[Sequence, Sequence]], source: bool, ou
                         "form the recognizers know (mxfuse, flashinfer, vllm_ir, Hugging Face ATen)",
                         file=out,
                     )
-    print(f"{n_fused} of {n_total} norms fused", file=out)
+    print(f"{n_fused} of {_n(n_total, 'site')} fused", file=out)
+
+
+_FAMILY_NOUNS = {"norm": "norm", "act_mul": "act·mul", "gate": "gated output", "gated_norm": "gated norm"}
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _counted(families: collections.Counter) -> str:
+    """`3 norms, 1 act·mul`: the sites of a graph by producer family, in the families' order."""
+    from mxfuse.patterns.producers import ProducerFamily
+
+    nouns = {f: _FAMILY_NOUNS.get(f.value, f.value.replace("_", " ")) for f in ProducerFamily}  # a new family: its name
+    return ", ".join(_n(families[f], nouns[f]) for f in ProducerFamily if families[f]) or "none"

@@ -181,17 +181,32 @@ def match_gate(y: fx.Node) -> GateMatch | None:
         for x, s in itertools.permutations(y.args):
             gate = _rounded_sigmoid(s)
             if gate is not None and isinstance(x, fx.Node) and _low(x):
-                return _gate_match(x, gate, y, round_gate=True)
+                found = _gate_match(x, gate, y, round_gate=True)
+                if found is not None:
+                    return found
     if is_call(y, _CAST) and _low(y) and is_call(y.args[0], aten.mul.Tensor) and len(y.args[0].args) == 2:
         for x32, s in itertools.permutations(y.args[0].args):
             x = _widened(x32)
             gate = _widened(s.args[0]) if is_call(s, aten.sigmoid.default) else None
             if x is not None and gate is not None:
-                return _gate_match(x, gate, y, round_gate=False)
+                found = _gate_match(x, gate, y, round_gate=False)
+                if found is not None:
+                    return found
     return None
 
 
-def _gate_match(x: fx.Node, gate: fx.Node, y: fx.Node, *, round_gate: bool) -> GateMatch:
+def _reads(node: fx.Node, x: fx.Node, depth: int = 3) -> bool:
+    """Whether `node` is `x` or computed from it within `depth` ops (`x * 1.702`, a cast of it)."""
+    if node is x:
+        return True
+    return depth > 0 and any(_reads(arg, x, depth - 1) for arg in node.all_input_nodes)
+
+
+def _gate_match(x: fx.Node, gate: fx.Node, y: fx.Node, *, round_gate: bool) -> GateMatch | None:
+    """The gate `x * sigmoid(gate)`; None where the sigmoid reads `x` itself: `x * sigmoid(alpha * x)` is
+    an activation (the GLU of SwiGLU-OAI, a QuickGELU, a SiLU), not a gate, and inside an act·mul."""
+    if _reads(gate, x):
+        return None
     xv, gv = fake(x), fake(gate)
     difference = None
     if xv is None or gv is None:
