@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import mxfuse  # noqa: F401
 from mxfuse.models import swiglu_oai_native
 from mxfuse.ops import MxfuseInputError
-from mxfuse.ops.act_mul import ACTIVATIONS, SWIGLU_LIMIT, SWIGLU_OAI_ALPHA, act_mul_rows
+from mxfuse.ops.activations import ACTIVATIONS, SWIGLU_LIMIT, SWIGLU_OAI_ALPHA, act_mul_rows
 from mxfuse.testing import assert_bitwise
 
 mx = torch.ops.mxfuse

@@ -23,7 +23,7 @@ import torch
 from test_gpu_kernels import DEVICE, gpu_test
 
 import mxfuse.ops  # noqa: F401
-from mxfuse.ops.act_mul import ACTIVATIONS
+from mxfuse.ops.activations import ACTIVATIONS
 from mxfuse.testing import assert_bitwise
 
 ops = torch.ops.mxfuse

@@ -174,7 +174,7 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU.
     `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
-    from mxfuse.ops.act_mul import ACTIVATIONS
+    from mxfuse.ops.activations import ACTIVATIONS
 
     forms = [(True, True), (False, True), (True, False)]  # (quant, round_each_op)
     if exhaustive:

@@ -1,4 +1,4 @@
-"""Triton kernel for the act·mul ops (CUDA impls of :mod:`mxfuse.ops.act_mul`).
+"""Triton kernel for the act·mul ops (CUDA impls of :mod:`mxfuse.ops.activations`).
 
 One kernel, :func:`_act_mul_kernel`: an act·mul prologue (load a `[BM, BC]` tile of gate
 and of up, compute `act(gate) * up`, round to the dtype) composed with the MXFP8 epilogue
@@ -18,7 +18,7 @@ Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 - GELU-tanh is torch's formula with torch's constants,
   ``0.5 * x * (1 + tanh(kBeta * (x + 0.044715 * (x * x * x))))``;
 - ``ROUND_EACH_OP`` rounds every op's result to the dtype exactly where the reference does
-  (:func:`mxfuse.ops.act_mul.act_mul_rows`); clamps are NaN-propagating (torch's clamp).
+  (:func:`mxfuse.ops.activations.act_mul_rows`); clamps are NaN-propagating (torch's clamp).
 
 Against torch's own CUDA functions the only difference is the last bit or two of an
 fp32 ``exp`` / ``tanh``; docs/design.md ("act·mul producers") states the bound and

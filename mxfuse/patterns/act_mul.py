@@ -52,7 +52,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.node import Argument
 
-from mxfuse.ops.act_mul import SWIGLU_LIMIT, SWIGLU_OAI_ALPHA
+from mxfuse.ops.activations import SWIGLU_LIMIT, SWIGLU_OAI_ALPHA
 from mxfuse.ops.library import ACTIVATION_DTYPES
 from mxfuse.ops.mx_layout import BLOCK
 from mxfuse.ops.reference import QuantRule

@@ -87,7 +87,7 @@ FUSED_OPS: dict[tuple[str, bool, bool], FusedOp] = {
     # the gated producers (patterns/gated.py): no residual, no packed form
     ("sigmoid_gate", False, False): FusedOp("sigmoid_gate_mxfp8", (*_QUANT, "y")),
     ("gated_rms_norm", False, False): FusedOp("gated_rms_norm_mxfp8", (*_QUANT, "y")),
-    # act·mul (mxfuse/ops/act_mul.py): a [..., 2I] gate_up, or gate and up as two tensors; no packed form
+    # act·mul (mxfuse/ops/activations.py): a [..., 2I] gate_up, or gate and up as two tensors; no packed form
     ("act_mul", False, False): FusedOp("act_mul_mxfp8", (*_QUANT, "y")),
     ("act_mul_pair", False, False): FusedOp("act_mul_pair_mxfp8", (*_QUANT, "y")),
 }

@@ -57,6 +57,8 @@ bound of docs/design.md, "act·mul producers").
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -248,165 +250,64 @@ def _cuda_quant(gate, up, activation, swizzled, emit_y, rule, alpha, limit, roun
 # ------------------------------------------------------------------ the ops' impls
 #
 # Each impl is called as `impl(op, **arguments)` (mxfuse/ops/registry.py). The `[..., 2I]`
-# gate_up form and the two-tensor form differ only in how they reach `[M, I]` gate and up
-# rows: `_gate_up_rows` / `_pair_rows` return `(gate, up, lead, I)` after the op's checks.
+# gate_up ops and the two-tensor ops differ only in how they reach `[M, I]` gate and up rows:
+# `_on_gate_up` / `_on_pair` make an impl that checks the op's inputs, takes the rows and hands
+# them to one of the six `_run_*` (reference / fake / CUDA, alone or with the quant).
 
-_Rows = tuple[Tensor, Tensor, tuple[int, ...], int]
+_Run = Callable[..., Any]
 
 
-def _gate_up_rows(op: str, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float) -> _Rows:
+def _on_gate_up(run: _Run) -> _Run:
+    """An impl of the `[..., 2I]` ops: checks, the two halves as rows, then `run`."""
+
+    def impl(op: str, *, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float, **rest: Any):
+        gate, up, lead, i = _gate_up_rows(op, gate_up, activation, gate_first, alpha, limit)
+        return run(op, gate, up, lead, i, activation=activation, alpha=alpha, limit=limit, **rest)
+
+    return impl
+
+
+def _on_pair(run: _Run) -> _Run:
+    """An impl of the two-tensor ops: checks, gate and up as rows, then `run`."""
+
+    def impl(op: str, *, gate: Tensor, up: Tensor, activation: str, alpha: float, limit: float, **rest: Any):
+        i = _check_pair(op, gate, up, activation, alpha, limit)
+        rows = (_rows2(gate), _rows2(up), tuple(gate.shape[:-1]), i)
+        return run(op, *rows, activation=activation, alpha=alpha, limit=limit, **rest)
+
+    return impl
+
+
+def _gate_up_rows(op: str, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float):
     i = _check_gate_up(op, gate_up, activation, alpha, limit)
     gate, up = _halves(gate_up, i, gate_first)
     return gate, up, tuple(gate_up.shape[:-1]), i
 
 
-def _pair_rows(op: str, gate: Tensor, up: Tensor, activation: str, alpha: float, limit: float) -> _Rows:
-    i = _check_pair(op, gate, up, activation, alpha, limit)
-    return _rows2(gate), _rows2(up), tuple(gate.shape[:-1]), i
-
-
-def _act_mul(
-    op: str, *, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    gate, up, lead, i = _gate_up_rows(op, gate_up, activation, gate_first, alpha, limit)
+def _run_ref(op: str, gate: Tensor, up: Tensor, lead, i: int, *, activation, alpha, limit, round_each_op) -> Tensor:
     return _ref(gate, up, activation, alpha, limit, round_each_op, lead, i)
 
 
-def _act_mul_fake(
-    op: str, *, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    i = _check_gate_up(op, gate_up, activation, alpha, limit)
-    return gate_up.new_empty(_out_shape(gate_up, i))
+def _run_fake(op: str, gate: Tensor, up: Tensor, lead, i: int, **_: Any) -> Tensor:
+    return gate.new_empty((*lead, i))
 
 
-def _act_mul_cuda(
-    op: str, *, gate_up: Tensor, activation: str, gate_first: bool, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    gate, up, lead, i = _gate_up_rows(op, gate_up, activation, gate_first, alpha, limit)
+def _run_cuda(op: str, gate: Tensor, up: Tensor, lead, i: int, *, activation, alpha, limit, round_each_op) -> Tensor:
     return _cuda(gate, up, activation, alpha, limit, round_each_op, lead, i)
 
 
-def _pair(
-    op: str, *, gate: Tensor, up: Tensor, activation: str, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    g, u, lead, i = _pair_rows(op, gate, up, activation, alpha, limit)
-    return _ref(g, u, activation, alpha, limit, round_each_op, lead, i)
-
-
-def _pair_fake(
-    op: str, *, gate: Tensor, up: Tensor, activation: str, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    i = _check_pair(op, gate, up, activation, alpha, limit)
-    return gate.new_empty(_out_shape(gate, i))
-
-
-def _pair_cuda(
-    op: str, *, gate: Tensor, up: Tensor, activation: str, alpha: float, limit: float, round_each_op: bool
-) -> Tensor:
-    g, u, lead, i = _pair_rows(op, gate, up, activation, alpha, limit)
-    return _cuda(g, u, activation, alpha, limit, round_each_op, lead, i)
-
-
-def _act_mul_quant(
-    op: str,
-    *,
-    gate_up: Tensor,
-    activation: str,
-    gate_first: bool,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    gate, up, lead, i = _gate_up_rows(op, gate_up, activation, gate_first, alpha, limit)
+def _run_ref_quant(op: str, gate: Tensor, up: Tensor, lead, i: int, *, activation, swizzled, emit_y, rule, alpha,
+                   limit, round_each_op):  # fmt: skip
     return _ref_quant(gate, up, activation, swizzled, emit_y, rule, alpha, limit, round_each_op, lead, i, op)
 
 
-def _act_mul_quant_fake(
-    op: str,
-    *,
-    gate_up: Tensor,
-    activation: str,
-    gate_first: bool,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    i = _check_gate_up(op, gate_up, activation, alpha, limit)
-    return _fake_quant(gate_up, i, gate_up.shape[:-1], swizzled, emit_y, rule, op)
+def _run_fake_quant(op: str, gate: Tensor, up: Tensor, lead, i: int, *, swizzled, emit_y, rule, **_: Any):
+    return _fake_quant(gate, i, lead, swizzled, emit_y, rule, op)
 
 
-def _act_mul_quant_cuda(
-    op: str,
-    *,
-    gate_up: Tensor,
-    activation: str,
-    gate_first: bool,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    gate, up, lead, i = _gate_up_rows(op, gate_up, activation, gate_first, alpha, limit)
+def _run_cuda_quant(op: str, gate: Tensor, up: Tensor, lead, i: int, *, activation, swizzled, emit_y, rule, alpha,
+                    limit, round_each_op):  # fmt: skip
     return _cuda_quant(gate, up, activation, swizzled, emit_y, rule, alpha, limit, round_each_op, lead, i, op)
-
-
-def _pair_quant(
-    op: str,
-    *,
-    gate: Tensor,
-    up: Tensor,
-    activation: str,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    g, u, lead, i = _pair_rows(op, gate, up, activation, alpha, limit)
-    return _ref_quant(g, u, activation, swizzled, emit_y, rule, alpha, limit, round_each_op, lead, i, op)
-
-
-def _pair_quant_fake(
-    op: str,
-    *,
-    gate: Tensor,
-    up: Tensor,
-    activation: str,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    i = _check_pair(op, gate, up, activation, alpha, limit)
-    return _fake_quant(gate, i, gate.shape[:-1], swizzled, emit_y, rule, op)
-
-
-def _pair_quant_cuda(
-    op: str,
-    *,
-    gate: Tensor,
-    up: Tensor,
-    activation: str,
-    swizzled: bool,
-    emit_y: bool,
-    rule: int,
-    alpha: float,
-    limit: float,
-    round_each_op: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    g, u, lead, i = _pair_rows(op, gate, up, activation, alpha, limit)
-    return _cuda_quant(g, u, activation, swizzled, emit_y, rule, alpha, limit, round_each_op, lead, i, op)
 
 
 # -------------------------------------------------------------------- the table
@@ -417,18 +318,18 @@ _QUANT_FLAGS = "bool swizzled=False, bool emit_y=False, SymInt rule=0"
 OPS: tuple[OpSpec, ...] = (
     OpSpec(
         f"act_mul(Tensor gate_up, str activation, bool gate_first=True, {_PARAMS}) -> Tensor",
-        Impls(cpu=_act_mul, fake=_act_mul_fake, cuda=_act_mul_cuda),
+        Impls(cpu=_on_gate_up(_run_ref), fake=_on_gate_up(_run_fake), cuda=_on_gate_up(_run_cuda)),
         "`act(gate) * up` of the halves of `[..., 2I]` gate_up: `[..., I]` in gate_up's dtype.",
     ),
     OpSpec(
         f"act_mul_pair(Tensor gate, Tensor up, str activation, {_PARAMS}) -> Tensor",
-        Impls(cpu=_pair, fake=_pair_fake, cuda=_pair_cuda),
+        Impls(cpu=_on_pair(_run_ref), fake=_on_pair(_run_fake), cuda=_on_pair(_run_cuda)),
         "`act(gate) * up` of two `[..., I]` tensors (Hugging Face's `act(gate_proj(x)) * up_proj(x)`).",
     ),
     OpSpec(
         f"act_mul_mxfp8(Tensor gate_up, str activation, bool gate_first=True, {_QUANT_FLAGS}, {_PARAMS})"
         " -> (Tensor, Tensor, Tensor)",
-        Impls(cpu=_act_mul_quant, fake=_act_mul_quant_fake, cuda=_act_mul_quant_cuda),
+        Impls(cpu=_on_gate_up(_run_ref_quant), fake=_on_gate_up(_run_fake_quant), cuda=_on_gate_up(_run_cuda_quant)),
         """act·mul and MXFP8 quant in one pass: `(codes, scales, y)`; y is empty unless emit_y.
 
         Bitwise equal to `mxfp8_quantize(act_mul(gate_up, ...), swizzled, rule)`. `swizzled` /
@@ -437,7 +338,7 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(
         f"act_mul_pair_mxfp8(Tensor gate, Tensor up, str activation, {_QUANT_FLAGS}, {_PARAMS})"
         " -> (Tensor, Tensor, Tensor)",
-        Impls(cpu=_pair_quant, fake=_pair_quant_fake, cuda=_pair_quant_cuda),
+        Impls(cpu=_on_pair(_run_ref_quant), fake=_on_pair(_run_fake_quant), cuda=_on_pair(_run_cuda_quant)),
         """`act_mul_mxfp8` of two `[..., I]` tensors: `(codes, scales, y)`.
 
         Bitwise equal to `mxfp8_quantize(act_mul_pair(gate, up, ...), swizzled, rule)`.""",
