@@ -47,6 +47,8 @@ the device by construction).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -243,63 +245,34 @@ def _gate_quant_cuda(
 
 
 # ------------------------------------------------------------------ gated_rms_norm
+#
+# `variant`: the source's arithmetic, passed on by name (norm_before_gate, round_normalized,
+# round_weighted; see the module docstring).
 
 
 def _gated_norm(
-    op: str,
-    *,
-    x: Tensor,
-    z: Tensor,
-    weight: Tensor,
-    eps: float,
-    group_size: int,
-    norm_before_gate: bool,
-    activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    op: str, *, x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, activation: str, **variant: Any
 ) -> Tensor:
     k = _check_gated_norm(op, x, z, weight, eps, group_size, activation)
     rows = (_rows(x, k), _rows(z, k), weight, eps, group_size)
-    return gated_rms_norm_rows(*rows, norm_before_gate, activation, round_normalized, round_weighted).reshape(x.shape)
+    return gated_rms_norm_rows(*rows, activation=activation, **variant).reshape(x.shape)
 
 
 def _gated_norm_fake(
-    op: str,
-    *,
-    x: Tensor,
-    z: Tensor,
-    weight: Tensor,
-    eps: float,
-    group_size: int,
-    norm_before_gate: bool,
-    activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    op: str, *, x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, activation: str, **variant: Any
 ) -> Tensor:
     _check_gated_norm(op, x, z, weight, eps, group_size, activation)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _gated_norm_cuda(
-    op: str,
-    *,
-    x: Tensor,
-    z: Tensor,
-    weight: Tensor,
-    eps: float,
-    group_size: int,
-    norm_before_gate: bool,
-    activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    op: str, *, x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, activation: str, **variant: Any
 ) -> Tensor:
     from mxfuse.ops import triton_gated_quant
 
     k = _check_gated_norm(op, x, z, weight, eps, group_size, activation)
-    _, _, y = triton_gated_quant.gated_rms_norm(
-        _rows(x, k), _rows(z, k), weight, eps, group_size, quant=False, norm_before_gate=norm_before_gate,
-        activation=activation, round_normalized=round_normalized, round_weighted=round_weighted,
-    )  # fmt: skip
+    rows = (_rows(x, k), _rows(z, k), weight, eps, group_size)
+    _, _, y = triton_gated_quant.gated_rms_norm(*rows, quant=False, activation=activation, **variant)
     assert y is not None  # the unfused kernel always writes y
     return y.reshape(x.shape)
 
@@ -315,14 +288,12 @@ def _gated_norm_quant(
     swizzled: bool,
     emit_y: bool,
     rule: int,
-    norm_before_gate: bool,
     activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    **variant: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     k = _check_gated_norm(op, x, z, weight, eps, group_size, activation, rule)
     rows = (_rows(x, k), _rows(z, k), weight, eps, group_size)
-    y = gated_rms_norm_rows(*rows, norm_before_gate, activation, round_normalized, round_weighted)
+    y = gated_rms_norm_rows(*rows, activation=activation, **variant)
     return _quant_outputs(x, k, y, swizzled, emit_y, rule)
 
 
@@ -337,10 +308,8 @@ def _gated_norm_quant_fake(
     swizzled: bool,
     emit_y: bool,
     rule: int,
-    norm_before_gate: bool,
     activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    **variant: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     k = _check_gated_norm(op, x, z, weight, eps, group_size, activation, rule)
     return _fake_quant_outputs(x, k, swizzled, emit_y)
@@ -357,19 +326,16 @@ def _gated_norm_quant_cuda(
     swizzled: bool,
     emit_y: bool,
     rule: int,
-    norm_before_gate: bool,
     activation: str,
-    round_normalized: bool,
-    round_weighted: bool,
+    **variant: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     from mxfuse.ops import triton_gated_quant
 
     k = _check_gated_norm(op, x, z, weight, eps, group_size, activation, rule)
+    rows = (_rows(x, k), _rows(z, k), weight, eps, group_size)
     codes, scales, y = triton_gated_quant.gated_rms_norm(
-        _rows(x, k), _rows(z, k), weight, eps, group_size, quant=True, swizzled=swizzled, emit_y=emit_y, rule=rule,
-        norm_before_gate=norm_before_gate, activation=activation, round_normalized=round_normalized,
-        round_weighted=round_weighted,
-    )  # fmt: skip
+        *rows, quant=True, swizzled=swizzled, emit_y=emit_y, rule=rule, activation=activation, **variant
+    )
     return _cuda_outputs(x, k, codes, scales, y, swizzled, emit_y)
 
 
