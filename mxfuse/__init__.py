@@ -1,4 +1,5 @@
-"""mxfuse: compiler passes that fuse an RMSNorm (Gemma or standard) with the MXFP8 quantization of its output.
+"""mxfuse: compiler passes that fuse the producer of an MXFP8 activation (an RMSNorm, Gemma or standard; an act·mul;
+a gated output) with its quantization.
 
     torch.compile(model, options={"post_grad_custom_post_pass": mxfuse.post_grad_pass()})
 
