@@ -219,3 +219,85 @@ def test_no_packed_op():
     (match,) = [m for n in before.graph.nodes if (m := match_act_mul(n)) is not None]
     reason = match.reject_reason(packed=True)
     assert reason is not None and reason.code is ActMulCode.NO_PACKED_OP
+
+
+# ------------------------------------------------------------------ vLLM's forms without a fused op
+
+
+@pytest.fixture(scope="module")
+def vllm_activation():
+    """vLLM's activation module (its CustomOps need a current config to be built; CPU, no `_C`)."""
+    pytest.importorskip("vllm")
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import activation
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        yield activation
+
+
+def assert_left_with(fn, xs, code):
+    """The pass leaves the site exactly as it was, its report and `explain` name `code` and its fix."""
+    from mxfuse.passes.explain import explain
+
+    before, after, report = run_pass(fn, *xs)
+    assert str(after.graph) == str(before.graph)
+    (skip,) = [s for s in report.skipped if s.code is code]
+    assert skip.rewrite == "norm_quant" and skip.reason, report.skipped
+    (verdict,) = [v for v in explain(before.graph) if v.family is ProducerFamily.ACT_MUL]
+    assert not verdict.fused and verdict.code is code and verdict.fix == code.fix and code.fix, verdict
+    with torch.no_grad():
+        assert_bitwise(after(*xs), before(*xs), "left as it was")
+
+
+def test_vllm_swiglu_oai_interleaved_is_refused_and_left_alone(vllm_activation):
+    """`SwigluOAIAndMul.forward_native` reads `x[..., ::2]` / `x[..., 1::2]`: no fused op reads interleaved
+    columns (a pair of strided views would be copied first), so the site stays, named."""
+    module = vllm_activation.SwigluOAIAndMul()
+    gate, up = rows(seed=13)
+    x = torch.stack((gate, up), dim=-1).flatten(-2)  # gate in the even columns, up in the odd ones
+    assert_left_with(quantized(module.forward_native), (x,), ActMulCode.INTERLEAVED)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["traced", "compiled"])
+def test_vllm_silu_and_mul_with_clamp_is_refused_and_left_alone(vllm_activation, compiled):
+    """`SiluAndMulWithClamp(limit)` (alpha 1, beta 0): a SiLU of the clamped gate, no fused op's arithmetic.
+    Traced, the graph keeps its `1.0 * gate` and `up + 0.0`; compiled, Inductor's joint-graph pass drops them
+    before the post-grad pass: both spellings are named."""
+    module = vllm_activation.SiluAndMulWithClamp(7.0)
+    gate, up = rows(seed=14)
+    x = torch.cat((gate, up), dim=-1)
+    fn = quantized(module.forward_native)
+    if not compiled:
+        assert_left_with(fn, (x,), ActMulCode.CLAMPED_GATE_SILU)
+        return
+    compiled_fn, capture = compile_with_pass(fn)
+    with torch.no_grad():
+        with_pass = compiled_fn(x)
+        without = compile_with_pass(fn, passes=False)[0](x)  # Inductor's arithmetic is not eager's: compare compiles
+    assert_bitwise(with_pass, without, "the compiled graph with the pass vs without")
+    assert capture.after == capture.before and capture.after[QUANT] == 1, capture.after
+    assert [s.code for s in capture.report.skipped] == [ActMulCode.CLAMPED_GATE_SILU], capture.report.skipped
+
+
+def test_vllm_silu_and_mul_with_clamp_beta_1_is_swiglu_oai(vllm_activation):
+    """`SiluAndMulWithClamp(limit, alpha, beta=1.0)` computes SwiGLU-OAI's products in the other order (IEEE
+    multiplication commutes): it fuses as `swiglu_oai`, bit for bit."""
+    module = vllm_activation.SiluAndMulWithClamp(7.0, alpha=1.702, beta=1.0)
+    gate, up = rows(seed=15)
+    x = torch.cat((gate, up), dim=-1)
+    expect = dict(activation="swiglu_oai", alpha=1.702, limit=7.0, round_each_op=True, gate_first=True)
+    assert_fused(quantized(module.forward_native), (x,), FUSED, **expect)
+
+
+def test_a_strided_slice_is_no_half():
+    """`x[..., 0:I:2]` is not the first half of x, whatever its bounds."""
+    gate, up = rows(seed=16)
+    x = torch.cat((gate, up, up, up), dim=-1)  # [M, 4I]: x[..., 0:2I:2] and x[..., 2I::2] are [M, I]
+
+    def fn(x):
+        i2 = x.shape[-1] // 2
+        return F.silu(x[..., 0:i2:2]) * x[..., i2::2]
+
+    before = run_pass(quantized(fn), x)[0]
+    (match,) = [m for n in before.graph.nodes if (m := match_act_mul(n)) is not None]
+    assert match.gate_up is None and match.gate is not None, match

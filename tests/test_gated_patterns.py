@@ -1,4 +1,4 @@
-"""The gated producers' recognizers (mxfuse/patterns/gated.py) on traced graphs of their sources.
+"""The gated producers' recognizers (mxfuse/patterns/gated.py, gated_norm.py) on traced graphs of their sources.
 
 Each source is traced to the ATen graph Inductor's post-grad passes see (make_fx with Inductor's
 decompositions), an MXFP8 quant behind it: vLLM's gated attention output and
@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import mxfuse  # noqa: F401
 from mxfuse.ops import gated as gated_ops
-from mxfuse.patterns import gated
+from mxfuse.patterns import gated, gated_norm
 from mxfuse.patterns.producer_registry import find_producers, match_producer
 from mxfuse.patterns.producers import ProducerFamily, insert_fused
 from mxfuse.patterns.quants import quants_through_views
@@ -188,7 +188,7 @@ def test_vllm_gated_norm_is_recognized_and_fuses_bitwise(rms_norm_gated, norm_be
     source = vllm_gdn_output(rms_norm_gated, norm_before_gate, activation, swizzled)
     gm = trace(source, x, z, w)
     (producer,) = gated_producers(gm)
-    assert isinstance(producer, gated.GatedNormMatch)
+    assert isinstance(producer, gated_norm.GatedNormMatch)
     assert (producer.group_size, producer.k, producer.eps) == (D, H * D, 1e-6)
     assert (producer.norm_before_gate, producer.activation) == (norm_before_gate, activation)
     assert not producer.round_normalized and not producer.round_weighted
@@ -261,7 +261,7 @@ def test_one_producer_per_norm_whatever_the_views(rms_norm_gated):
     x, z, w = rand(T, H, D), rand(T, H, D, seed=1), rand(D, seed=2)
     gm = trace(vllm_gdn_output(rms_norm_gated), x, z, w)
     matches = [match_producer(n) for n in gm.graph.nodes]
-    assert sum(isinstance(m, gated.GatedNormMatch) for m in matches) == 1
+    assert sum(isinstance(m, gated_norm.GatedNormMatch) for m in matches) == 1
 
 
 def test_reference_matches_the_traced_source_exactly(rms_norm_gated):

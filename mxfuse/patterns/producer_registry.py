@@ -15,14 +15,8 @@ from typing import NamedTuple
 from torch import fx
 
 from mxfuse.patterns.act_mul import act_mul_candidates, match_act_mul
-from mxfuse.patterns.gated import (
-    fla_candidates,
-    gate_candidates,
-    gated_norm_candidates,
-    match_fla_gated_norm,
-    match_gate,
-    match_gated_norm,
-)
+from mxfuse.patterns.gated import gate_candidates, match_gate
+from mxfuse.patterns.gated_norm import fla_candidates, gated_norm_candidates, match_fla_gated_norm, match_gated_norm
 from mxfuse.patterns.norms import match_norm, norm_candidates
 from mxfuse.patterns.producers import ProducerMatch
 
