@@ -10,7 +10,8 @@ What is counted, with the pipeline's own detector (`vllm_pipeline.quant_nodes`, 
 recognizers), in every piecewise graph as mxfuse received it and after mxfuse's pass: the
 standalone MXFP8 quants, and what each one left reads (through views). Goal of issue 30: in a
 dense decoder layer only o_proj's quant is left, whose input is the raw output of vLLM's opaque
-attention op (a graph input of the piece after vLLM's split at the attention).
+attention op (a graph input of the piece after vLLM's split at the attention). Two-layer models apart:
+MiniMax-M3 through the Transformers backend, Step-3.5 (`SwigluStepAndMul`, a MoE layer its class needs).
 """
 
 from __future__ import annotations
@@ -158,3 +159,49 @@ def test_minimax_m3_through_the_transformers_backend(minimax_m3):
     (op,) = fused
     assert op.args[-1] == "swiglu_oai" and op.kwargs["round_each_op"], op
     assert op.kwargs["alpha"] == 1.702 and op.kwargs["limit"] == 7.0, op.kwargs
+
+
+@pytest.fixture(scope="module")
+def step3p5(vllm_cpu):
+    """Step-3.5 (test_vllm_models.py's case) with its dense MLP's `swiglu_limits_shared` set: layer 0's
+    `Step3p5MLP` runs `SwigluStepAndMul(limit=7.0)` (silu, `clamp_max 7`; up clamped to +-7)."""
+    import dataclasses
+
+    from test_vllm_models import CASES as NORM_CASES
+
+    (case,) = [c for c in NORM_CASES if c.name == "step3p5"]
+    config = {**case.hf_config, "swiglu_limits_shared": [7.0, 7.0]}
+    return compile_model(vllm_cpu, dataclasses.replace(case, name="step3p5_swiglu_step", hf_config=config))
+
+
+def test_step3p5_swiglu_step_through_the_pipeline(step3p5):
+    """Layer 0 (dense MLP, SwigluStepAndMul) leaves only o_proj's quant; layer 1 (MoE) only its o_proj's (the
+    experts and the shared expert quantize inside vLLM's MoE op). vLLM's `SwigluStepAndMul` splits gate_up with
+    `chunk`: the act·mul reads the halves."""
+    before, left, fused = 0, [], []
+    for graph in step3p5.before:
+        graph = copy.deepcopy(graph)
+        before += len(quant_nodes(graph))
+        post_grad.run(graph, PassOptions(strict=True))
+        left += [reads(q) for q in quant_nodes(graph)]
+        fused += [n for n in graph.nodes if n.op == "call_function" and "act_mul" in str(n.target)]
+    assert before == 3 + 1 + 2, before  # the norm sites, down_proj's, the two o_proj's
+    assert left == ["attention output"] * 2, left
+    (op,) = fused
+    assert op.args[1] == "swiglu_step" and op.kwargs["limit"] == 7.0 and op.kwargs["gate_first"], op
+    assert op.kwargs["round_each_op"] and op.kwargs["swizzled"] is True, op
+    assert "aten:swiglu_step_mul->vllm_quant:swizzled" in step3p5.matched, step3p5.matched
+
+
+def test_swiglu_step_fused_op_is_vllms_forward_native_bitwise():
+    """vLLM's own `SwigluStepAndMul(7.0).forward_native` then vLLM's quant == the fused op, on CPU."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SwigluStepAndMul
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        module = SwigluStepAndMul(limit=7.0)
+    x = (torch.randn(5, 2 * 128, generator=torch.Generator().manual_seed(3)) * 6).to(torch.bfloat16)
+    want = torch.ops.vllm.mxfp8_quantize(module.forward_native(x), False)
+    codes, scales, _ = torch.ops.mxfuse.act_mul_mxfp8(x, "swiglu_step", limit=7.0)
+    assert torch.equal(codes.view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8).reshape(-1), want[1].view(torch.uint8).reshape(-1))
