@@ -1,4 +1,5 @@
-"""Random programs of Gemma norms, look-alikes and MXFP8 quants, run with and without the pass.
+"""Random programs of Gemma norms, act·mul and gated producers, look-alikes and MXFP8 quants, run with
+and without the pass.
 
 A seeded generator draws a chain of blocks. Each block is one norm in a form the pass
 knows (mxfuse ops, vLLM IR with `w.float() + 1`, Hugging Face's decomposed ATen, Gemma's and
@@ -8,20 +9,30 @@ look-alike it must refuse (`2 + w`, mean over another dim,
 or `[1, K]`), maybe all-gathered along rows (sequence parallelism, simulated in one
 process as in tests/sp_helpers.py), followed by 0-2 quants (mxfuse's or vLLM's, either
 layout), maybe a view before a quant, maybe another bf16 user; dtypes bf16/fp16 (and
-fp32: refused), K a multiple of 32 or not (tests/fuzz_programs.py). Each program is
-checked under every option value:
+fp32: refused), K a multiple of 32 or not (tests/fuzz_programs.py). Three more blocks join
+each traced program at random places: an act·mul (SiLU, GELU-tanh, the step-clamped SwiGLU,
+SwiGLU-OAI in the model dtype and mxfuse's fp32 one, vLLM's SiluAndMulWithClamp with beta 1;
+gate and up the halves of one tensor in either order, a chunk, or two tensors; 2-D or 3-D)
+or a gated producer (`x * sigmoid(g)` in both roundings, vLLM's native gated RMSNorm per
+head in both orders), or a look-alike of one that must be left alone (another GELU
+constant, an asymmetric clamp, interleaved halves, SiluAndMulWithClamp's default beta 0, a
+per-head gate). They are rank-local (never all-gathered: an activation does not cross a
+collective; tests/test_sp_producers.py checks that in a sequence-parallel layer) and each
+known form fuses bit for bit. Each program is checked under every option value:
 
 - no exception (the suite runs strict) and nothing logged at WARNING by `mxfuse`;
-- outputs bitwise equal to the graph without the pass for mxfuse's own norms, within
-  the README's bound for foreign ones (codes one e4m3 step, scales one, bf16/fp16 one ulp);
+- outputs bitwise equal to the graph without the pass for mxfuse's own norms and every
+  act·mul and gated block, within the README's bound for foreign norms (codes one e4m3
+  step, scales one, bf16/fp16 one ulp);
 - every fusion the report claims is a fused (or packed) op in the graph (with `emit_y`
-  as claimed), every clearly fusable norm is fused, no look-alike is.
+  as claimed), every clearly fusable producer is fused, no look-alike is.
 
 Most programs are traced with `make_fx` and Inductor's decompositions (what the
 post-grad graph holds) and executed on CPU, with dim 0 symbolic (dynamic M: run at two
-row counts). One goes through `torch.compile` itself, with freezing (weights as frozen
-parameters) and dynamic=True. `MXFUSE_FUZZ_EXAMPLES=N` runs N traced programs instead of
-the CI set.
+row counts). One norm program goes through `torch.compile` itself, with freezing (weights as
+frozen parameters) and dynamic=True (norms only: Inductor compiles an unfused activation with
+arithmetic of its own, so the compiled act·mul is not the traced source's to the bit).
+`MXFUSE_FUZZ_EXAMPLES=N` runs N traced programs instead of the CI set.
 """
 
 from __future__ import annotations
@@ -34,11 +45,16 @@ import random
 import pytest
 import torch
 from fuzz_programs import (
+    ACT_MUL_KNOWN,
     FUSED,
+    GATED_KNOWN,
+    HALVES,
     KNOWN,
     LOOKALIKES,
+    MUST,
     PACKED,
     PACKED_FUSED,
+    PRODUCER_FORMS,
     Program,
     draw_program,
     program_fn,
@@ -81,8 +97,13 @@ def assert_report_is_real(report, graph, program: Program, options: PassOptions)
     for category, (least, most) in program.expected(options).items():
         assert len(found[category]) == len(claimed[category]), (category, report.as_dict())
         assert least <= len(found[category]) <= most, (category, program, options, report.as_dict())
-    emitting = sum(bool(n.kwargs.get("emit_y")) for n in found["fused"])
+    emitting = sum(bool(_named_args(n).get("emit_y")) for n in found["fused"])
     assert emitting == sum(k.writes_y for k in claimed["fused"]), report.as_dict()
+
+
+def _named_args(node: fx.Node) -> dict:
+    """A call's arguments by schema name (the gated ops take `emit_y` positionally, the others by keyword)."""
+    return dict(zip((a.name for a in node.target._schema.arguments), node.args)) | dict(node.kwargs)
 
 
 # ------------------------------------------------------------------ traced programs
@@ -142,8 +163,21 @@ def test_traced_random_program(seed, caplog):
 
 def test_the_generator_covers_every_form():
     """The CI seeds draw every known form and every look-alike (else the set is too small)."""
-    forms = {b.form for seed in CI_SEEDS for b in draw_program(seed, True)[0].blocks}
-    assert forms >= set(KNOWN) | set(LOOKALIKES) - {"vllm_ir"}, sorted(set(KNOWN) | set(LOOKALIKES) - forms)
+    blocks = [b for seed in CI_SEEDS for b in draw_program(seed, True)[0].blocks]
+    forms = {b.form for b in blocks}
+    wanted = set(KNOWN) | set(LOOKALIKES) | set(PRODUCER_FORMS)
+    assert forms >= wanted - {"vllm_ir"}, sorted(wanted - forms)
+    fused = [  # the blocks the pass must fuse (with every option of fuse_norm_quant=True)
+        b
+        for seed in CI_SEEDS
+        for program in [draw_program(seed, True)[0]]
+        for b in program.blocks
+        if b.expectation(program.dtype, program.k, PassOptions(), program.frozen)[1] == MUST
+    ]
+    assert {b.form for b in fused} >= set(ACT_MUL_KNOWN + GATED_KNOWN), sorted({b.form for b in fused})
+    act_mul = [b for b in fused if b.form in ACT_MUL_KNOWN]
+    assert {b.halves for b in act_mul} == set(HALVES), sorted({b.halves for b in act_mul})
+    assert {b.rank3 for b in act_mul} == {b.extra_user for b in act_mul} == {True, False}
 
 
 # ------------------------------------------------------------------ compiled programs
@@ -158,16 +192,16 @@ class Frozen(torch.nn.Module):
         self.ws = torch.nn.ParameterList([torch.nn.Parameter(w, requires_grad=False) for w in weights])
 
     def forward(self, residual, eps_tensor, *xs):
-        return self.fn(residual, eps_tensor, *(t for pair in zip(xs, self.ws) for t in pair))
+        return self.fn(residual, eps_tensor, *(t for i, w in enumerate(self.ws) for t in (*xs[2 * i : 2 * i + 2], w)))
 
 
 @pytest.mark.parametrize("seed", [132])  # three norms, one with the same quant twice (CSE)
 def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
     """One program through torch.compile itself (dynamic=True, freezing on), with and without the pass."""
-    program, _ = draw_program(seed, with_vllm=False, gathers=False)
+    program, _ = draw_program(seed, with_vllm=False, gathers=False, producers=False)
     program = dataclasses.replace(program, dtype=torch.bfloat16, k=64, frozen=True)
     assert program.expected(PassOptions())["fused"][0] > 0, program  # at least one norm must fuse
-    weights = program_inputs(program, 6, seed)[3::2]
+    weights = program_inputs(program, 6, seed)[4::3]
     module = Frozen(program, weights).eval()
     options = PassOptions.from_env()
     outs: dict[str, list] = {"with": [], "without": []}
@@ -178,7 +212,8 @@ def test_compiled_random_program_with_freezing_and_dynamic_rows(seed, caplog):
             compiled = torch.compile(module, dynamic=True, options={"post_grad_custom_post_pass": capture})
             for m in (6, 19):
                 args = program_inputs(program, m, seed + m)
-                outs[name].append(compiled(args[0], args[1], *args[2::2]))
+                rows = [a for j, a in enumerate(args[2:]) if j % 3 != 2]  # each block's x and x2, not its w
+                outs[name].append(compiled(args[0], args[1], *rows))
             if opts is not None:
                 assert_report_is_real(capture.report, capture.graph, program, options)
     assert not [r for r in caplog.records if _is_pass_failure(r)], caplog.text
