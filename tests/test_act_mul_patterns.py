@@ -249,13 +249,30 @@ def assert_left_with(fn, xs, code):
         assert_bitwise(after(*xs), before(*xs), "left as it was")
 
 
-def test_vllm_swiglu_oai_interleaved_is_refused_and_left_alone(vllm_activation):
+def test_vllm_swiglu_oai_interleaved_is_refused_and_left_alone(vllm_activation, caplog):
     """`SwigluOAIAndMul.forward_native` reads `x[..., ::2]` / `x[..., 1::2]`: no fused op reads interleaved
-    columns (a pair of strided views would be copied first), so the site stays, named."""
+    columns (a pair of strided views would be copied first), so the site stays, named; the graph's one
+    warning gives its fix. The same arithmetic on the halves of a de-interleaved gate_up fuses."""
     module = vllm_activation.SwigluOAIAndMul()
     gate, up = rows(seed=13)
     x = torch.stack((gate, up), dim=-1).flatten(-2)  # gate in the even columns, up in the odd ones
-    assert_left_with(quantized(module.forward_native), (x,), ActMulCode.INTERLEAVED)
+    with caplog.at_level("WARNING", logger="mxfuse"):
+        assert_left_with(quantized(module.forward_native), (x,), ActMulCode.INTERLEAVED)
+    assert f"fix: {ActMulCode.INTERLEAVED.fix}" in caplog.text, caplog.text
+
+    expect = dict(activation="swiglu_oai", alpha=1.702, limit=7.0, round_each_op=True, gate_first=True)
+    de_interleaved = torch.cat((gate, up), dim=-1)
+
+    def fixed(x):  # the fix: the gate_up weight's rows de-interleaved (its output `[gate | up]`), the halves read
+        i = x.shape[-1] // 2
+        g, u = x[..., :i], x[..., i:]
+        g = g.clamp(min=None, max=module.limit)  # SwigluOAIAndMul.forward_native's lines, on the halves
+        u = u.clamp(min=-module.limit, max=module.limit)
+        return (u + 1) * (g * torch.sigmoid(g * module.alpha))
+
+    assert_fused(quantized(fixed), (de_interleaved,), FUSED, **expect)
+    with torch.no_grad():
+        assert_bitwise(fixed(de_interleaved), module.forward_native(x), "the fix keeps the arithmetic")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["traced", "compiled"])
