@@ -67,7 +67,11 @@ class GatedCode(RefusalCode):
     )
 
 
+# ------------------------------------------------------------------ shared with .gated_norm
+
+
 def reason_of_dtype(x: fx.Node) -> Reason | None:
+    """The refusal of activations of a dtype the fused ops do not take, or None."""
     dtype = fake_dtype(x)
     if dtype not in ACTIVATION_DTYPES:
         return Reason(SharedCode.ACTIVATION_DTYPE, f"its activations are {dtype} (the fused op takes bf16 or fp16)")
@@ -75,6 +79,7 @@ def reason_of_dtype(x: fx.Node) -> Reason | None:
 
 
 def row_width(node: fx.Node) -> int | None:
+    """The static size of `node`'s last dim; None where it is symbolic or unknown."""
     val = fake(node)
     return None if val is None or val.dim() == 0 else static_int(val.shape[-1])
 
@@ -82,6 +87,19 @@ def row_width(node: fx.Node) -> int | None:
 def rows_of(graph: fx.Graph, node: fx.Node, k: int) -> fx.Node:
     """`node` as `[..., k]` rows: itself, or a reshape to `[-1, k]` (inserted at the insert point)."""
     return node if row_width(node) == k else call(graph, aten.reshape.default, (node, [-1, k]))
+
+
+def is_low(node) -> bool:
+    """Whether `node` is a tensor of a 16-bit activation dtype."""
+    return fake_dtype(node) in ACTIVATION_DTYPES
+
+
+def widened(node) -> fx.Node | None:
+    """`v` of `convert(v, f32)` with v of a 16-bit dtype."""
+    if is_call(node, CAST) and node.args[1] == torch.float32 and is_low(node.args[0]):
+        source = node.args[0]
+        return source if isinstance(source, fx.Node) else None
+    return None
 
 
 # ------------------------------------------------------------------ the gate
@@ -135,18 +153,6 @@ class GateMatch:
 
     def side_outputs(self) -> dict[str, fx.Node]:
         return {}
-
-
-def is_low(node) -> bool:
-    return fake_dtype(node) in ACTIVATION_DTYPES
-
-
-def widened(node) -> fx.Node | None:
-    """`v` of `convert(v, f32)` with v of a 16-bit dtype."""
-    if is_call(node, CAST) and node.args[1] == torch.float32 and is_low(node.args[0]):
-        source = node.args[0]
-        return source if isinstance(source, fx.Node) else None
-    return None
 
 
 def _rounded_sigmoid(node) -> fx.Node | None:

@@ -47,8 +47,6 @@ from mxfuse.patterns.results import Reason, SharedCode
 
 aten = torch.ops.aten
 
-# ------------------------------------------------------------------ the gated RMSNorm
-
 
 @dataclass(frozen=True)
 class GatedNormMatch:
