@@ -4,7 +4,9 @@ Each source's graph is traced with Inductor's decompositions (tests/test_norm_fo
 `rewritten`: what a post-grad pass receives), rewritten by the pass, and run: the fused graph
 must equal the unfused one bit for bit on CPU (codes, scales and any bf16 `y` a second user
 reads), with exactly the fused op the source calls for (its activation, `round_each_op`,
-`gate_first`, the pair form). Sites that cannot fuse are left exactly as they were, with a code.
+`gate_first`, the pair form). Sites that cannot fuse are left exactly as they were, with a code;
+among them vLLM's two activations without a fused op, through their own classes' `forward_native`
+(`SwigluOAIAndMul`'s interleaved halves, `SiluAndMulWithClamp` with beta 0).
 """
 
 from __future__ import annotations
