@@ -111,9 +111,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_rows, padded_scale_columns, scale_columns
-from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, norm_config, row_chunks
+from mxfuse.ops.norm_quant_config import NOMINAL_SMS, PAD_ROWS, NormConfig, norm_config, row_chunks
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_mx_quant import (
     MxSpec,
@@ -131,7 +132,9 @@ from mxfuse.ops.triton_mx_quant import (
     swizzle_scales,
 )
 from mxfuse.ops.triton_norm_prologue import NormIo, NormSpec, _load_weight, _norm_rows, _normalize
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, sm_count
+
+_sm_count = sm_count  # triton_act_quant still imports this name; it goes when triton_act_quant imports sm_count
 
 __all__ = [
     "fused_norm_quant",
@@ -202,6 +205,12 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
     pid = tl.program_id(0)
     part = tl.program_id(1)
     stored_scale_rows = M if F.PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
+    if F.PDL:
+        # launched with programmatic dependent launch: wait for the kernels before this one
+        # (their outputs are x / residual, and they may still read what this one overwrites),
+        # then let the next kernel launch; it waits for this one to complete before reading
+        gdc_wait()
+        gdc_launch_dependents()
     if F.PERSISTENT:
         cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)  # once per program
         for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
@@ -218,11 +227,6 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
 
 
 # --------------------------------------------------------------------------- launchers
-
-
-def _sm_count(dev: torch.device) -> int:
-    """Multiprocessors of a GPU (1 on a meta device: a described launch's grid is nominal there)."""
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def norm_launch(
@@ -268,12 +272,15 @@ def norm_launch(
     if scale_rows == 0:
         return outputs, None
     ch, nch = row_chunks(k)
-    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa)
+    sms = sm_count(dev) if dev.type == "cuda" else NOMINAL_SMS  # a described launch: dispatched as on an H200
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sms)
+    if cfg.pdl and not pdl_allowed(isa):
+        raise ValueError(f"triton_norm_quant: programmatic dependent launch is NVIDIA-only, not for ISA {isa!r}")
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)
     n_pad = triton.cdiv(triton.cdiv(scale_rows - m, PAD_ROWS), split) if pad_fill else 0
-    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles + n_pad, split)
+    grid = (min(n_tiles, cfg.persistent * sm_count(dev)) if cfg.persistent else n_tiles + n_pad, split)
     r = residual if has_res else x
     io = NormIo(x, r, weight, res_out if has_res else x, x.stride(0), r.stride(0))
     y_out = y if y is not None else x
@@ -300,10 +307,11 @@ def norm_launch(
         PAD_ROWS=PAD_ROWS,
         PAD_WORDS=triton.next_power_of_2(max(1, padded_scale_columns(k) // SWIZZLE_COLUMN_TILE)),
         LOOP_STAGES=cfg.loop_stages,
+        PDL=bool(cfg.pdl),
     )
     mx = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule, isa)
     constexprs = dict(F=spec, MX=mx)
-    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=cfg.pdl)
 
 
 def gemma_norm(
