@@ -16,11 +16,12 @@ each warp 1024 of them, so 32 values a thread from K 4096 up and 16 below, never
 than 4 warps), then every bit-neutral choice from the number of programs the grid has
 against the multiprocessors (`sms`) of the device, because at the sizes of a decode step
 the question is only how much of the chip a row's work can occupy: while the grid has
-spare SMs (tiles x parts <= sms) a row is split over `parts` programs, each reducing the
-whole row (the same code, so the same bits) and finishing ceil(NCH / parts) of its NCH
-chunks, so a row's quant tail runs on otherwise idle SMs, and never beyond one program per
-SM, where the duplicated reduction would share an SM's issue slots with real work (run 8:
-split rows lose from 1.5 programs per SM); the loads carry evict_first while the grid is
+an SM for every program of a row split over its NCH chunks (tiles x NCH <= sms), a row is
+split, each program reducing the whole row (the same code, so the same bits) and finishing
+one chunk, so a row's quant tail runs on otherwise idle SMs, and never beyond, where the
+duplicated loads and reduction share an SM's issue slots with real work (runs 8 and 10: a
+row over 3 programs lost at 64 rows, over 2 programs too, 0.06-0.3 µs at K 2048-6144);
+the loads carry evict_first while the grid is
 at most EVICT_FIRST_PROGRAMS_PER_SM programs per SM (the rows are read once; the hint lost
 from 4096 rows on the H200, 31 a SM); y is rounded two values per convert up to
 PAIRED_BF16_PROGRAMS_PER_SM programs per SM (and in the evict_first range with a residual,
@@ -171,15 +172,6 @@ def row_chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def split_parts(nch: int, spare: int) -> int:
-    """Programs a row is split over: at most `spare` (SMs per tile) and NCH, and the fewest that
-    give the same longest part (ceil(NCH / parts) chunks): 1 when there is no SM to spare."""
-    parts = min(nch, spare)
-    if parts < 2:
-        return 1
-    return -(-nch // -(-nch // parts))
-
-
 def norm_config(
     k: int, m: int | None = None, *, plain_quant: bool = False, isa: str = "ptx", sms: int = NOMINAL_SMS
 ) -> NormConfig:
@@ -195,7 +187,7 @@ def norm_config(
     nch = row_chunks(k)[1]
     sms = max(1, sms)
     tiles = max(1, -(-m // bm))
-    split = split_parts(nch, sms // tiles)
+    split = nch if tiles * nch <= sms else 1
     evict_first = split == 1 and tiles <= EVICT_FIRST_PROGRAMS_PER_SM * sms  # a split row is read SPLIT times
     paired = tiles <= PAIRED_BF16_PROGRAMS_PER_SM * sms or (
         not plain_quant and tiles <= EVICT_FIRST_PROGRAMS_PER_SM * sms

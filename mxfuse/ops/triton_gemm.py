@@ -276,10 +276,15 @@ AMD CU's LDS holds (64 KB on gfx942, 160 KB on gfx950; tools/compile_targets.py 
 def gemm_config(m: int, n: int, k: int, isa: Isa = "ptx") -> GemmConfig:
     """The default tiles: decode split over the K chunks up to SPLIT_MAX_M rows, both operands
     dequantized once above it (the measurements behind the choice: docs/gemm_notes.md, run 4).
-    The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep."""
+    The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep.
+    Decode launches with programmatic dependent launch on NVIDIA: its three small kernels
+    (activation dequant, split product, chunk sum) overlap each other's launch and tail (H200:
+    -0.3..-1.7 µs a GEMM at M 1-64; docs/perf_notes.md, run 10). Above SPLIT_MAX_M it does not:
+    the early trigger lets the product kernel's programs (196 KB of shared memory each) take SMs
+    while the weight dequant still has waves to run (+8..17% at M 256)."""
     if m <= SPLIT_MAX_M:
         rows = min(64, max(16, triton.next_power_of_2(max(m, 1))))
-        cfg = GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True)
+        cfg = GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True, pdl=pdl_allowed(isa))
     else:
         both = {"flat_k_loop": True, "dequantize_activations_first": True, "dequantize_weight_first": True}
         if m < 2048:
