@@ -12,29 +12,27 @@ the same bits (tests/test_gpu_kernels.py, tests/test_gpu_norm_dispatch.py).
 
 The dispatch (:func:`norm_config`) is derived from the shape and the target, not looked up:
 the row layout from K alone (a tile holds the padded row, at least TILE_VALUES values, and
-each warp 1024 of them, so 32 values a thread from K 4096 up and 16 below, never fewer
-than 4 warps), then every bit-neutral choice from the number of programs the grid has
-against the multiprocessors (`sms`) of the device, because at the sizes of a decode step
-the question is only how much of the chip a row's work can occupy: while the grid has
-an SM for every program of a row split over its NCH chunks (tiles x NCH <= sms), a row is
-split, each program reducing the whole row (the same code, so the same bits) and finishing
-one chunk, so a row's quant tail runs on otherwise idle SMs, and never beyond, where the
-duplicated loads and reduction share an SM's issue slots with real work (runs 8 and 10: a
-row over 3 programs lost at 64 rows, over 2 programs too, 0.06-0.3 µs at K 2048-6144);
-the loads carry evict_first while the grid is
-at most EVICT_FIRST_PROGRAMS_PER_SM programs per SM (the rows are read once; the hint lost
-from 4096 rows on the H200, 31 a SM); y is rounded two values per convert up to
-PAIRED_BF16_PROGRAMS_PER_SM programs per SM (and in the evict_first range with a residual,
-whose extra bytes hide the unpacking it costs); and the fused plain norm, NVIDIA only,
-runs a persistent grid of PIPELINED_WARPS_PER_SM warps an SM whose software-pipelined loop
-fetches the next tiles while one is computed, where a row has 3 chunks (at 4 the loop
-takes 108 registers a thread), at least 3 programs share an SM (one computes while two
-load) and each program gets at least PIPELINED_MIN_TILES_PER_PROGRAM tiles to amortize
+each warp 1024 of them, so 32 values a thread from K 4096 up and 16 below, never fewer than
+4 warps), then every bit-neutral choice from the size of the grid against the
+multiprocessors (`sms`) of the device, because at the sizes of a decode step the question is
+only how much of the chip a row's work can occupy. While the grid has an SM for every
+program of a row split over its NCH chunks (tiles x NCH <= sms), a row is split, each
+program reducing the whole row (the same code, so the same bits) and finishing one chunk, so
+a row's quant tail runs on otherwise idle SMs; never beyond, where the duplicated loads and
+reduction share an SM's issue slots with real work (runs 8 and 10: a row over 3 programs
+lost at 64 rows, over 2 programs by 0.04-0.31 µs). The loads carry evict_first up to
+EVICT_FIRST_ROWS_PER_SM rows per SM (the rows are read once; the hint lost from 4096 rows on
+the H200, 31 a SM). y is rounded two values per convert up to PAIRED_BF16_ROWS_PER_SM rows
+per SM, and in the evict_first range with a residual, whose extra bytes hide the unpacking
+it costs (beyond, where the kernel is issue-bound, it costs 1-2%). The fused plain norm,
+NVIDIA only, runs a persistent grid of PIPELINED_WARPS_PER_SM warps an SM whose software-
+pipelined loop fetches the next tiles while one is computed, where a row has 3 chunks (at 4
+the loop takes 108 registers a thread), at least 3 programs share an SM (one computes while
+two load) and each program gets at least PIPELINED_MIN_TILES_PER_PROGRAM tiles to amortize
 the weight load and the pipeline fill (run 8: it lost at 1.3-2.6 tiles a program and won
-9-12% at 5-10). A launch described on a meta or CPU tensor is dispatched for NOMINAL_SMS.
-The thresholds are counted in programs per SM, so the same rule gives another M on a
-GPU with another SM count (the H200 measurements behind them: docs/perf_notes.md, runs
-5, 6, 8 and 10).
+9-12% at 5-10). The thresholds are counted per SM, so the same rule gives another M on a GPU
+with another SM count (the H200 measurements behind them: docs/perf_notes.md, runs 5, 6, 8
+and 10); a launch described on a meta or CPU tensor is dispatched for NOMINAL_SMS.
 """
 
 from __future__ import annotations
@@ -60,10 +58,10 @@ VALUES_PER_WARP = 1024
 MIN_WARPS = 4
 NOMINAL_SMS = 132
 """Multiprocessors a launch described on a meta or CPU tensor is dispatched for (an H200's)."""
-EVICT_FIRST_PROGRAMS_PER_SM = 8
-"""Up to this many programs per SM (unsplit) the x / residual loads carry evict_first."""
-PAIRED_BF16_PROGRAMS_PER_SM = 2
-"""Up to this many programs per SM (and in the evict_first range with a residual) y is rounded
+EVICT_FIRST_ROWS_PER_SM = 8
+"""Up to this many rows per SM (unsplit) the x / residual loads carry evict_first."""
+PAIRED_BF16_ROWS_PER_SM = 2
+"""Up to this many rows per SM (and in the evict_first range with a residual) y is rounded
 to bf16 two values per convert before the quant (`quant_ops="hw-bf16x2"`; run 8)."""
 PIPELINED_STAGES = 3
 PIPELINED_WARPS_PER_SM = 24
@@ -188,10 +186,8 @@ def norm_config(
     sms = max(1, sms)
     tiles = max(1, -(-m // bm))
     split = nch if tiles * nch <= sms else 1
-    evict_first = split == 1 and tiles <= EVICT_FIRST_PROGRAMS_PER_SM * sms  # a split row is read SPLIT times
-    paired = tiles <= PAIRED_BF16_PROGRAMS_PER_SM * sms or (
-        not plain_quant and tiles <= EVICT_FIRST_PROGRAMS_PER_SM * sms
-    )
+    evict_first = split == 1 and m <= EVICT_FIRST_ROWS_PER_SM * sms  # a split row is read SPLIT times
+    paired = m <= PAIRED_BF16_ROWS_PER_SM * sms or (not plain_quant and m <= EVICT_FIRST_ROWS_PER_SM * sms)
     programs_per_sm = PIPELINED_WARPS_PER_SM // nw
     if (
         plain_quant

@@ -279,7 +279,7 @@ def gemm_config(m: int, n: int, k: int, isa: Isa = "ptx") -> GemmConfig:
     The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep.
     Decode launches with programmatic dependent launch on NVIDIA: its three small kernels
     (activation dequant, split product, chunk sum) overlap each other's launch and tail (H200:
-    -0.3..-1.7 µs a GEMM at M 1-64; docs/perf_notes.md, run 10). Above SPLIT_MAX_M it does not:
+    up to 1.7 µs a GEMM at M 1-64; docs/perf_notes.md, run 10). Above SPLIT_MAX_M it does not:
     the early trigger lets the product kernel's programs (196 KB of shared memory each) take SMs
     while the weight dequant still has waves to run (+8..17% at M 256)."""
     if m <= SPLIT_MAX_M:

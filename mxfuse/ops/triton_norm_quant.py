@@ -55,7 +55,8 @@ approximation (`rsqrt="approx"`; `rsqrt="rn"` keeps the correctly rounded
 ``div_rn(1, sqrt_rn(.))`` at ~0.1 µs more per decode launch). `round_normalized` (the
 standard Hugging Face `LlamaRMSNorm` order) rounds `s * rstd` to the dtype before the
 weight multiply. Consequences: fused == unfused bitwise, and results are batch invariant
-(M only picks launch choices that do not change a bit, `split` and `evict_first`).
+(M only picks launch choices that do not change a bit: `split`, `evict_first`, the
+paired rounding, the persistent loop, PDL).
 
 Targets (`ISA` constexpr, set by the launcher from the device: mxfuse/ops/triton_targets.py)
 ============================================================================================
@@ -84,13 +85,22 @@ docs/perf_notes.md):
   Large K uses BM = 1, ~32 values of the padded row per thread. The flags (residual
   rounding, y, scale layout) are constexpr: runtime flags put branches between the
   loads and their use, and the weight loads then waited for x's round trip.
-- decode sizes (M <= 16): `split` = one program per chunk; each reads and reduces the
-  whole row (the same code, so the same bits) and finishes one chunk, so a row's quant
-  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads. Up to 256 rows (1024
-  with a residual) y is rounded to bf16 two values per convert before the quant.
-- the fused plain norm from 4096 rows (NVIDIA, K 2049..3072 and 4097..6144): a persistent
-  grid of 3 programs of 8 warps per SM, the weight loaded once per program, Triton's
+- which of the launch shapes below a call gets is `norm_config`'s rule (its module
+  docstring): counted in programs per SM of the device, so the row counts below are an
+  H200's (132 SMs).
+- decode sizes (tiles x NCH <= SMs: M <= 33..66 at 4..2 chunks): `split` = one program
+  per chunk; each reads and reduces the whole row (the same code, so the same bits) and
+  finishes one chunk, so a row's quant tail runs on NCH SMs. Up to 8 rows per SM (1056
+  rows): evict_first on the row loads. Up to 2 rows per SM (264 rows; 1056 with a
+  residual) y is rounded to bf16 two values per convert before the quant.
+- the fused plain norm at 3 chunks a row with at most 8 warps (K 2049..3072 and
+  4097..6144), NVIDIA, from 4 tiles per program (1584 rows at K 6144, 3168 at K 3072):
+  a persistent grid of 24 warps per SM, the weight loaded once per program, Triton's
   software pipeliner fetching the next tiles' rows (cp.async) while one is computed.
+- programmatic dependent launch (`NormConfig.pdl`, NVIDIA only, off by default): the
+  kernel runs `griddepcontrol.wait` before its first load (weight included) and
+  `launch_dependents` right after; it pays only between PDL launches on both sides
+  (docs/perf_notes.md, run 10).
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
