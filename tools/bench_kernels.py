@@ -12,18 +12,28 @@ in L2, L2 flushed before each replay, median of 7 replays), all in ONE run:
   `rms_norm_forward`, offset 1.0, casting "gemma"; no quantization at all) and Liger's
   norm followed by the project's quant; `torch.compile` of the plain PyTorch reference
   (reference.gemma_fused_add_rmsnorm / gemma_rmsnorm + reference.quantize_rows);
-- a large device-to-device copy (the bandwidth ceiling).
-
-- baselines too: FlashInfer's Gemma norms alone (`flashinfer/norm.cuh`, built with torch's
-  `load_inline` from the `flashinfer-python` wheel's headers; NaN where they cannot be built),
-  and for the standard RMSNorm (offset 0, `round_normalized`) Liger's Llama-mode norms alone.
+- a large device-to-device copy (the bandwidth ceiling);
+- baselines too: FlashInfer's norms alone (`flashinfer/norm.cuh`: GemmaRMSNorm /
+  GemmaFusedAddRMSNorm and RMSNorm / FusedAddRMSNorm, built with torch's `load_inline` from the
+  `flashinfer-python` wheel's headers; NaN where they cannot be built), and for the standard
+  RMSNorm (offset 0, `round_normalized`, both scale layouts) Liger's Llama-mode norms alone;
+- the latency floors at M <= 256 (an empty kernel, a one-row copy, a copy with one reduction).
 
 Liger-Kernel and flashinfer-python are benchmark-only dependencies (the `bench` extra);
 without them their columns are NaN. Effective TB/s = bytes that must move (x [+ residual in, residual out] + codes +
-scales; bf16) / time. Prints markdown tables; `--out DIR` writes kernels_bench.md, .json,
-.png. `--tables JSON` re-renders the tables of a saved run (any machine).
+scales; bf16) / time. Prints markdown tables, last the ratio of the fastest peer norm alone (Liger,
+FlashInfer; no quantization) to the fused op per K x M and form (Gemma / standard, +-residual,
+row-major / swizzled); `--out DIR` writes kernels_bench.md, .json, .png and kernels_ratio.png (that
+ratio). `--tables JSON` re-renders the tables of a saved run (any machine).
+
+The whole grid fits one device call (~150 s on an H200): `--lean` (no unfused pair, no Liger +
+quant), `--no-compiled`, `--variants default`, and `--warm-jobs N` compiles every kernel first in N
+processes (Triton's on-disk cache, the FlashInfer extension), so that the timing process loads
+instead of compiling some 500 kernels one after another. `--quick`: K 2048 / 4096 / 6144 x M 1, 16,
+64, 256, 4096 for exploration; `--calls` / `--replays`: the graph's calls and the replays per point.
 
     PYTHONPATH=. python3 tools/bench_kernels.py [--out DIR] [--variant NAME] [--ms 1,64] [--ks 6144]
+    PYTHONPATH=. python3 tools/bench_kernels.py --lean --no-compiled --variants default --warm-jobs 14 --out DIR
     PYTHONPATH=. python3 tools/bench_kernels.py --tables kernels_bench.json --variant native
 
 The gated producers (`--gated`: a section after the norm tables; `--only-gated`: that section alone):
