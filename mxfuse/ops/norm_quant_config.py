@@ -103,8 +103,9 @@ class NormConfig:
     - load_fence: a barrier right after the loads, so that the weight is fetched together
       with x and residual rather than after x's round trip (ptxas's order otherwise).
     - scale_padding: :data:`SCALE_PADDINGS` (swizzled scales only).
-    - pdl: programmatic dependent launch (NVIDIA sm_90+): the kernel waits (`griddepcontrol.wait`)
-      before its first load and lets the next kernel launch (`launch_dependents`) right after.
+    - pdl: programmatic dependent launch (NVIDIA sm_90+; a hint that other targets drop): the
+      kernel waits (`griddepcontrol.wait`) before its first load and lets the next kernel launch
+      (`launch_dependents`) right after.
     """
 
     block_rows: int = 1

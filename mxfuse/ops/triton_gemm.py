@@ -374,8 +374,7 @@ def mxfp8_linear(
     codes, scales, weight_codes, weight_scales = prepare_operands(codes, scales, weight_codes, weight_scales)
     k = codes.shape[1]
     cfg = config or gemm_config(m, n, k, isa)
-    if cfg.pdl and not pdl_allowed(isa):
-        raise ValueError(f"triton_gemm: programmatic dependent launch is NVIDIA-only, not for ISA {isa!r}")
+    cfg = cfg._replace(pdl=cfg.pdl and pdl_allowed(isa))  # a launch hint: off NVIDIA the kernels launch plainly
     cfg = cfg._replace(block_k=max(128, pow2_divisor(k, cfg.block_k)))
     chunk = cfg.chunk or chunk_k(k)
     assert chunk % cfg.block_k == 0, (chunk, cfg.block_k)

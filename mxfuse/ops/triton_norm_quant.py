@@ -284,8 +284,7 @@ def norm_launch(
     ch, nch = row_chunks(k)
     sms = sm_count(dev) if dev.type == "cuda" else NOMINAL_SMS  # a described launch: dispatched as on an H200
     cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sms)
-    if cfg.pdl and not pdl_allowed(isa):
-        raise ValueError(f"triton_norm_quant: programmatic dependent launch is NVIDIA-only, not for ISA {isa!r}")
+    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)
@@ -317,11 +316,11 @@ def norm_launch(
         PAD_ROWS=PAD_ROWS,
         PAD_WORDS=triton.next_power_of_2(max(1, padded_scale_columns(k) // SWIZZLE_COLUMN_TILE)),
         LOOP_STAGES=cfg.loop_stages,
-        PDL=bool(cfg.pdl),
+        PDL=pdl,
     )
     mx = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule, isa)
     constexprs = dict(F=spec, MX=mx)
-    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=cfg.pdl)
+    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=pdl)
 
 
 def gemma_norm(

@@ -17,8 +17,8 @@ launch carries CUDA's programmatic-stream-serialization attribute (Triton's `lau
 and the kernel runs `griddepcontrol.wait` before it reads what an earlier kernel wrote and
 `griddepcontrol.launch_dependents` to let the next one start (`gdc_wait` /
 `gdc_launch_dependents` of `triton.language.extra.cuda`, sm_90 on). Triton's AMD backend
-has no equivalent (no launch attribute, no instruction), so a "portable" launch never sets it
-(:func:`pdl_allowed`).
+has no equivalent (no launch attribute, no instruction), so a "portable" launch drops the
+hint and runs the same kernel plainly (:func:`pdl_allowed`; the bits are the same either way).
 """
 
 from __future__ import annotations
