@@ -104,3 +104,14 @@ def test_decode_kernel_compiles_for_sm90(launches):
         ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options
     )
     assert "wgmma" in compiled.asm["ptx"]  # Hopper's async MMA, not an mma.sync fallback
+
+
+@pytest.mark.parametrize("m,isa,pdl", [(3, "ptx", True), (64, "ptx", True), (65, "ptx", False), (3, "portable", False)])
+def test_programmatic_dependent_launch_at_decode_on_nvidia_only(launches, m, isa, pdl):
+    """NVIDIA decode (M <= 64): every kernel of the GEMM is launched with `launch_pdl` and compiled with
+    its `gdc_wait` (the PDL constexpr); above (the weight-dequant regime, where PDL lost) and off NVIDIA:
+    none (Triton's AMD backend has no equivalent)."""
+    triton_gemm.mxfp8_linear(*_operands(m, 256, 1024), torch.bfloat16, isa=isa)
+    assert launches
+    for name, _, _, kw in launches:
+        assert kw["PDL"] is pdl and kw.get("launch_pdl", False) is pdl, (name, m, isa)

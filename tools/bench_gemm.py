@@ -13,6 +13,10 @@ the L2 flushed before each replay, median of 7 replays, per call.
     PYTHONPATH=. python3 tools/bench_gemm.py [--out DIR] [--sweep] [--quick]
 
 `--sweep` also times a list of tile configurations of the product kernel (development aid).
+`--pdl-pair` times the fused add-norm + MXFP8 followed by the GEMM that reads its codes (a decode
+step's norm -> qkv pair) in one CUDA graph, each of the two launched with and without
+programmatic dependent launch, checks that the four give the same bits, and prints the table
+(`--pdl-only`: that table alone).
 "swap" is the product kernel (`mxfuse.ops.triton_gemm`); the other variants are the ones
 it was chosen against (tools/gemm_variants.py).
 """
@@ -270,6 +274,78 @@ def bench_composite(ms, log=print):
     return rows
 
 
+PDL_PAIRS = [(4096, 6144), (2048, 5120), (6144, 2560)]
+"""(K, N) of the norm -> GEMM pairs: Llama-3-8B's qkv (hidden 4096), a Qwen3-Next-sized one (2048),
+the TP-4 qkv shard of the 6144 model."""
+PDL_MS = [1, 4, 16, 64, 256]
+
+
+def bench_pdl_pair(pairs, ms, log=print):
+    """µs per (norm + GEMM) pair in a CUDA graph of 64 pairs: norm and GEMM each with and without
+    PDL; the GEMM alone and the norm alone for reference. Raises if any of the four differs in a
+    bit from the plain launches (codes, scales, residual_out, GEMM output)."""
+    from mxfuse.ops import triton_gemm, triton_norm_quant as tnq
+    from mxfuse.ops.norm_quant_config import norm_config
+    from mxfuse.ops.triton_targets import sm_count
+
+    eps, rows = 1e-6, []
+    sms = sm_count(torch.device("cuda"))
+    for k, n in pairs:
+        for m in ms:
+            nsets = n_sets_for(n * (k + k // 32) + 6 * m * k)
+            sets = []
+            for _ in range(nsets):
+                wc, ws = _quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+                x, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                sets.append((x, r, (0.5 * torch.randn(k, device="cuda")).to(torch.bfloat16), wc, ws))
+            base_n = norm_config(k, m, sms=sms)
+            base_g = triton_gemm.gemm_config(m, n, k)
+
+            def pair(d, pn, pg):
+                x, r, w, wc, ws = d
+                c, s, ro, _ = tnq.fused_norm_quant(x, r, w, eps, config=base_n.replace(pdl=pn))
+                return c, s, ro, triton_gemm.mxfp8_linear(c, s, wc, ws, torch.bfloat16, config=base_g._replace(pdl=pg))
+
+            want = pair(sets[0], False, False)
+            row = dict(K=k, N=n, M=m)
+            for pn in (False, True):
+                for pg in (False, True):
+                    got = pair(sets[0], pn, pg)
+                    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
+                    if not same:
+                        raise AssertionError(f"PDL norm={pn} gemm={pg} K={k} N={n} M={m}: other bits")
+                    row[f"norm{'+pdl' if pn else ''} -> gemm{'+pdl' if pg else ''}"] = time_cuda_graph(
+                        [lambda d=d, pn=pn, pg=pg: pair(d, pn, pg) for d in sets]
+                    )
+            row["norm alone"] = time_cuda_graph([lambda d=d: tnq.fused_norm_quant(*d[:3], eps) for d in sets])
+            codes = [tnq.fused_norm_quant(*d[:3], eps)[:2] for d in sets]
+            row["gemm alone"] = time_cuda_graph(
+                [lambda d=d, c=c: triton_gemm.mxfp8_linear(*c, d[3], d[4], torch.bfloat16) for d, c in zip(sets, codes)]
+            )
+            log(f"pdl pair {row}")
+            rows.append(row)
+            del sets, codes
+            torch.cuda.empty_cache()
+    return rows
+
+
+def pdl_table(rows):
+    if not rows:
+        return ""
+    keys = [key for key in rows[0] if key not in ("K", "N", "M")]
+    out = [
+        "### fused add-norm + MXFP8 -> MXFP8 GEMM, with and without programmatic dependent launch "
+        "(µs per pair, CUDA graph of 64 pairs; same bits in all four)\n",
+        "| K | N | M | " + " | ".join(keys) + " | both PDL / neither |",
+        "|---|---|---|" + "---|" * (len(keys) + 1),
+    ]
+    for r in rows:
+        ratio = r["norm+pdl -> gemm+pdl"] / r["norm -> gemm"]
+        out.append(f"| {r['K']} | {r['N']} | {r['M']} | " + " | ".join(f"{r[key]:.2f}" for key in keys)
+                   + f" | {ratio:.3f} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def gemm_table(rows, copy_tbs):
     default = rows[0]["variant"] if rows else "?"
     others = [v for v in TIMED_VARIANTS if v != default]
@@ -363,6 +439,8 @@ def main(argv=None):
     ap.add_argument("--ms", default=None, help="comma-separated M values")
     ap.add_argument("--no-composite", action="store_true")
     ap.add_argument("--sweep-seconds", type=float, default=240.0, help="stop sweeping after this many seconds")
+    ap.add_argument("--pdl-pair", action="store_true", help="also the norm -> GEMM pair with / without PDL")
+    ap.add_argument("--pdl-only", action="store_true", help="the norm -> GEMM PDL table alone")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA GPU")
@@ -378,6 +456,14 @@ def main(argv=None):
             ap.error(f"unknown shapes {bad}")
         shapes = [s for s in SHAPES if s[0] in want]
     t0 = time.time()
+    pdl_text = pdl_table(bench_pdl_pair(PDL_PAIRS, ms if args.ms else PDL_MS)) if args.pdl_pair or args.pdl_only else ""
+    if args.pdl_only:
+        print(pdl_text)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "pdl_pair.md"), "w") as f:
+                f.write(pdl_text + "\n")
+        return 0
     SWEEP_DEADLINE[0] = t0 + args.sweep_seconds
     copy_tbs = copy_bandwidth_tbs()
     rows, sweep_rows = [], []
@@ -386,7 +472,7 @@ def main(argv=None):
         rows += r
         sweep_rows += s
     comp = [] if args.no_composite else bench_composite(ms)
-    text = gemm_table(rows, copy_tbs) + "\n\n" + composite_table(comp)
+    text = gemm_table(rows, copy_tbs) + "\n\n" + composite_table(comp) + ("\n\n" + pdl_text if pdl_text else "")
     if sweep_rows:
         text = sweep_table(sweep_rows) + "\n\n" + text
     print(f"\n(bench took {time.time() - t0:.0f} s)\n")

@@ -12,18 +12,28 @@ in L2, L2 flushed before each replay, median of 7 replays), all in ONE run:
   `rms_norm_forward`, offset 1.0, casting "gemma"; no quantization at all) and Liger's
   norm followed by the project's quant; `torch.compile` of the plain PyTorch reference
   (reference.gemma_fused_add_rmsnorm / gemma_rmsnorm + reference.quantize_rows);
-- a large device-to-device copy (the bandwidth ceiling).
-
-- baselines too: FlashInfer's Gemma norms alone (`flashinfer/norm.cuh`, built with torch's
-  `load_inline` from the `flashinfer-python` wheel's headers; NaN where they cannot be built),
-  and for the standard RMSNorm (offset 0, `round_normalized`) Liger's Llama-mode norms alone.
+- a large device-to-device copy (the bandwidth ceiling);
+- baselines too: FlashInfer's norms alone (`flashinfer/norm.cuh`: GemmaRMSNorm /
+  GemmaFusedAddRMSNorm and RMSNorm / FusedAddRMSNorm, built with torch's `load_inline` from the
+  `flashinfer-python` wheel's headers; NaN where they cannot be built), and for the standard
+  RMSNorm (offset 0, `round_normalized`, both scale layouts) Liger's Llama-mode norms alone;
+- the latency floors at M <= 256 (an empty kernel, a one-row copy, a copy with one reduction).
 
 Liger-Kernel and flashinfer-python are benchmark-only dependencies (the `bench` extra);
 without them their columns are NaN. Effective TB/s = bytes that must move (x [+ residual in, residual out] + codes +
-scales; bf16) / time. Prints markdown tables; `--out DIR` writes kernels_bench.md, .json,
-.png. `--tables JSON` re-renders the tables of a saved run (any machine).
+scales; bf16) / time. Prints markdown tables, last the ratio of the fastest peer norm alone (Liger,
+FlashInfer; no quantization) to the fused op per K x M and form (Gemma / standard, +-residual,
+row-major / swizzled); `--out DIR` writes kernels_bench.md, .json, .png and kernels_ratio.png (that
+ratio). `--tables JSON` re-renders the tables of a saved run (any machine).
+
+The whole grid fits one device call (~150 s on an H200): `--lean` (no unfused pair, no Liger +
+quant), `--no-compiled`, `--variants default`, and `--warm-jobs N` compiles every kernel first in N
+processes (Triton's on-disk cache, the FlashInfer extension), so that the timing process loads
+instead of compiling some 500 kernels one after another. `--quick`: K 2048 / 4096 / 6144 x M 1, 16,
+64, 256, 4096 for exploration; `--calls` / `--replays`: the graph's calls and the replays per point.
 
     PYTHONPATH=. python3 tools/bench_kernels.py [--out DIR] [--variant NAME] [--ms 1,64] [--ks 6144]
+    PYTHONPATH=. python3 tools/bench_kernels.py --lean --no-compiled --variants default --warm-jobs 14 --out DIR
     PYTHONPATH=. python3 tools/bench_kernels.py --tables kernels_bench.json --variant native
 
 The gated producers (`--gated`: a section after the norm tables; `--only-gated`: that section alone):
@@ -172,7 +182,22 @@ void gemma_fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, 
       r.stride(0), eps, false, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
 }
+
+void rmsnorm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
+  auto err = flashinfer::norm::RMSNorm<bf16>(
+      (bf16*)x.data_ptr(), (bf16*)w.data_ptr(), (bf16*)out.data_ptr(), x.size(0), x.size(1), x.stride(0),
+      out.stride(0), eps, false, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+}
+
+void fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  auto err = flashinfer::norm::FusedAddRMSNorm<bf16>(
+      (bf16*)x.data_ptr(), (bf16*)r.data_ptr(), (bf16*)w.data_ptr(), x.size(0), x.size(1), x.stride(0),
+      r.stride(0), eps, false, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+}
 """
+FLASHINFER_FUNCTIONS = ("gemma_rmsnorm", "gemma_fused_add_rmsnorm", "rmsnorm", "fused_add_rmsnorm")
 FLASHINFER_DEFINES_UNDONE = (
     "-U__CUDA_NO_HALF_OPERATORS__",
     "-U__CUDA_NO_HALF_CONVERSIONS__",
@@ -205,9 +230,10 @@ def _cublas_includes() -> list[str]:
 
 
 def flashinfer_norms(include: str | None, log=print):
-    """`(add_norm(x, r, w), norm(x, w))` of FlashInfer's Gemma norms (`flashinfer/norm.cuh`, bf16,
-    in place as vLLM calls them; norm writes a new y) built with torch's `load_inline`, or None
-    where they cannot be built (no headers, no compiler): their columns are then NaN."""
+    """`{"add", "plain", "std_add", "std_plain"}` of FlashInfer's norms (`flashinfer/norm.cuh`, bf16,
+    in place as vLLM calls them; the plain norms write a new y): Gemma (`1 + w`) and the standard
+    RMSNorm (`w`), `add(x, r, w)` / `plain(x, w)`, built with torch's `load_inline`, or None where
+    they cannot be built (no headers, no compiler): their columns are then NaN."""
     if include is None:
         log("flashinfer: no headers (pass --flashinfer-include or install flashinfer-python): columns NaN")
         return None
@@ -218,9 +244,11 @@ def flashinfer_norms(include: str | None, log=print):
         mod = load_inline(
             "mxfuse_bench_flashinfer_norm",
             cpp_sources="void gemma_rmsnorm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps);\n"
-            "void gemma_fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);",
+            "void gemma_fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);\n"
+            "void rmsnorm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps);\n"
+            "void fused_add_rmsnorm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);",
             cuda_sources=FLASHINFER_SOURCE,
-            functions=["gemma_rmsnorm", "gemma_fused_add_rmsnorm"],
+            functions=list(FLASHINFER_FUNCTIONS),
             extra_include_paths=[include, *_cublas_includes()],
             extra_cuda_cflags=[
                 "-O3",
@@ -233,16 +261,27 @@ def flashinfer_norms(include: str | None, log=print):
         log(f"flashinfer: build failed ({type(e).__name__}: {str(e)[-400:]}): columns NaN")
         return None
 
-    def add_norm(x, r, w):
-        mod.gemma_fused_add_rmsnorm(x, r, w, EPS)
-        return x, r
+    def adder(fn):
+        def add_norm(x, r, w):
+            fn(x, r, w, EPS)
+            return x, r
 
-    def norm(x, w):
-        out = torch.empty_like(x)
-        mod.gemma_rmsnorm(out, x, w, EPS)
-        return out
+        return add_norm
 
-    return add_norm, norm
+    def plain(fn):
+        def norm(x, w):
+            out = torch.empty_like(x)
+            fn(out, x, w, EPS)
+            return out
+
+        return norm
+
+    return {
+        "add": adder(mod.gemma_fused_add_rmsnorm),
+        "plain": plain(mod.gemma_rmsnorm),
+        "std_add": adder(mod.fused_add_rmsnorm),
+        "std_plain": plain(mod.rmsnorm),
+    }
 
 
 def liger_llama_norms():
@@ -266,9 +305,14 @@ def liger_llama_norms():
 # ------------------------------------------------------------------ one (K, M) point
 
 
-def make_sets(m, k, seed=0):
+TIMING = {"calls": 64, "replays": 7}
+"""CUDA-graph calls per replay and replays per point (`--calls`, `--replays`: a grid that must fit one
+device call takes fewer)."""
+
+
+def make_sets(m, k, seed=0, n=None):
     per_set = 2 * 2 * m * k
-    n = n_input_sets(per_set)
+    n = n or n_input_sets(per_set, TIMING["calls"])
     g = torch.Generator(device="cuda").manual_seed(seed)
     return [
         (
@@ -279,21 +323,27 @@ def make_sets(m, k, seed=0):
     ]
 
 
-def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print):
+def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print, lean=False, warm=False):
     """Times of every variant and baseline at one (K, M): {"K", "M", "sets", name: µs}.
 
     `compiled`: {"add": fn, "plain": fn} of `torch.compile`d references (None: skipped);
-    `flashinfer`: `flashinfer_norms()` (None: its columns are NaN).
+    `flashinfer`: `flashinfer_norms()` (None: its columns are NaN); `lean`: no unfused pair and
+    no Liger + quant (the sweep that must fit one device call); `warm`: run every call once
+    instead of timing it (fills Triton's cache: `--warm-jobs` processes do this in parallel).
     """
     from mxfuse.ops import triton_norm_quant as tnq
 
     w = (0.5 * torch.randn(k, device="cuda")).to(DT)
-    sets = make_sets(m, k, seed=k + m)
+    sets = make_sets(m, k, seed=k + m, n=1 if warm else None)
     res = {"K": k, "M": m, "sets": len(sets)}
 
     def t(name, fn, inputs=sets):
         try:
-            res[name] = time_cuda_graph(fn, inputs)
+            if warm:
+                fn(*inputs[0])
+                torch.cuda.synchronize()
+            else:
+                res[name] = time_cuda_graph(fn, inputs, calls=TIMING["calls"], replays=TIMING["replays"])
         except Exception as e:  # report and carry on: one failing variant must not lose the table
             log(f"  {name} K={k} M={m} FAILED: {type(e).__name__}: {e}")
             res[name] = float("nan")
@@ -315,6 +365,8 @@ def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print):
                 f"{vname}/fused_plain{sfx}",
                 lambda x, r, s=swz, c=cfg: tnq.fused_norm_quant(x, None, w, EPS, swizzled=s, config=c),
             )
+            if lean:
+                continue
             t(f"{vname}/unfused_add{sfx}",
               lambda x, r, s=swz, c=cfg: tnq.quantize(tnq.gemma_norm(x, r, w, EPS, config=c)[0], s))  # fmt: skip
             t(f"{vname}/unfused_plain{sfx}",
@@ -326,31 +378,60 @@ def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print):
         add_norm, norm = liger
         t("liger_add", lambda x, r: add_norm(x, r, w))
         t("liger_plain", lambda x, r: norm(x, w))
-        t("liger_add+quant", lambda x, r: tnq.quantize(add_norm(x, r, w)[0], False))
-        t("liger_plain+quant", lambda x, r: tnq.quantize(norm(x, w), False))
+        if not lean:
+            t("liger_add+quant", lambda x, r: tnq.quantize(add_norm(x, r, w)[0], False))
+            t("liger_plain+quant", lambda x, r: tnq.quantize(norm(x, w), False))
+    # the standard RMSNorm (weight offset 0, the normalized value rounded first: Llama's order)
+    w_std = (w.float() + 1.0).to(DT)
     if flashinfer is not None:
-        fi_add, fi_norm = flashinfer
-        t("flashinfer_add", lambda x, r: fi_add(x, r, w))
-        t("flashinfer_plain", lambda x, r: fi_norm(x, w))
+        t("flashinfer_add", lambda x, r: flashinfer["add"](x, r, w))
+        t("flashinfer_plain", lambda x, r: flashinfer["plain"](x, w))
+        t("flashinfer_std_add", lambda x, r: flashinfer["std_add"](x, r, w_std))
+        t("flashinfer_std_plain", lambda x, r: flashinfer["std_plain"](x, w_std))
     if m <= 256:
         latency_floors(t, k)
-    # the standard RMSNorm (weight offset 0, the normalized value rounded first: Llama's order)
-    w_std = w.float() + 1.0
-    t("std/fused_add", lambda x, r: tnq.fused_norm_quant(x, r, w_std.to(DT), EPS, weight_offset=0.0,
-                                                         round_normalized=True))  # fmt: skip
-    t("std/fused_plain", lambda x, r: tnq.fused_norm_quant(x, None, w_std.to(DT), EPS, weight_offset=0.0,
-                                                           round_normalized=True))  # fmt: skip
+    std = dict(weight_offset=0.0, round_normalized=True)
+    for swz in (False, True):
+        sfx = "_swz" if swz else ""
+        t(f"std/fused_add{sfx}", lambda x, r, s=swz: tnq.fused_norm_quant(x, r, w_std, EPS, swizzled=s, **std))
+        t(f"std/fused_plain{sfx}", lambda x, r, s=swz: tnq.fused_norm_quant(x, None, w_std, EPS, swizzled=s, **std))
     llama = liger_llama_norms()
     if llama is not None:
         l_add, l_norm = llama
-        t("liger_llama_add", lambda x, r: l_add(x, r, w_std.to(DT)))
-        t("liger_llama_plain", lambda x, r: l_norm(x, w_std.to(DT)))
-    if compiled:
+        t("liger_llama_add", lambda x, r: l_add(x, r, w_std))
+        t("liger_llama_plain", lambda x, r: l_norm(x, w_std))
+    if compiled and not warm:
         csets = [(_mark(x, m), _mark(r, m)) for x, r in sets]
         t("compiled_add", lambda x, r: compiled["add"](x, r, w), csets)
         t("compiled_plain", lambda x, r: compiled["plain"](x, w), csets)
     del sets
     return res
+
+
+def _warm_task(task):
+    """One `--warm-jobs` task in a worker process: ("flashinfer", include) builds the extension,
+    ("point", K, M, variants) runs every call of that point once. Returns its seconds."""
+    t0 = time.time()
+    if task[0] == "flashinfer":
+        flashinfer_norms(task[1], log=lambda *a: None)
+    else:
+        _, k, m, variants = task
+        bench_point(k, m, variants, warm=True, log=lambda *a: None)
+    return time.time() - t0
+
+
+def warm_cache(points, variants, include, jobs, log=print):
+    """Compile every kernel the timed points launch in `jobs` processes (Triton's on-disk cache,
+    torch's extension cache), so that the timed run loads instead of compiling: the whole grid's
+    few hundred compiles would otherwise run one after another in the timing process."""
+    import multiprocessing
+
+    t0 = time.time()
+    tasks = [("flashinfer", include)] if include else []
+    tasks += [("point", k, m, variants) for k, m in points]
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        busy = sum(pool.map(_warm_task, tasks, chunksize=1))
+    log(f"warm-up: {len(tasks)} tasks in {jobs} processes, {time.time() - t0:.0f} s ({busy:.0f} s of work)")
 
 
 # ------------------------------------------------------------------ report
@@ -493,6 +574,106 @@ def as_current_default(data):
     return out
 
 
+FAMILIES = {
+    "gemma": ("default/fused_{kind}{sfx}", ("liger_{kind}", "flashinfer_{kind}")),
+    "standard": ("std/fused_{kind}{sfx}", ("liger_llama_{kind}", "flashinfer_std_{kind}")),
+}
+"""family: (the fused op's key, the peers' norms alone): Gemma (`1 + w`: Liger's Gemma mode, FlashInfer's
+Gemma norms) and the standard RMSNorm (`w`, normalized value rounded first: Liger's Llama mode, FlashInfer's
+RMSNorm / FusedAddRMSNorm)."""
+COMBOS = [(fam, kind, sfx) for fam in FAMILIES for kind in KINDS for sfx in ("", "_swz")]
+
+
+def best_alone_ratio(r, fam, kind, sfx):
+    """(best norm alone µs, its name, best / fused): the faster of the family's peers, no quantization."""
+    fused_key, peers = FAMILIES[fam]
+    times = {p.format(kind=kind): _g(r, p.format(kind=kind)) for p in peers}
+    times = {n: v for n, v in times.items() if v == v}  # NaN: not built / not installed
+    if not times:
+        return float("nan"), "-", float("nan")
+    name = min(times, key=times.get)
+    return times[name], name, times[name] / _g(r, fused_key.format(kind=kind, sfx=sfx))
+
+
+def ratio_tables(results):
+    """Best norm alone / fused (> 1: the fused norm + MXFP8 is faster than the fastest peer norm doing no
+    quantization) per K x M: the worst of the 8 forms first, then each form (family, +-residual, layout)."""
+    ms = sorted({r["M"] for r in results})
+    ks = sorted({r["K"] for r in results})
+    at = {(r["K"], r["M"]): r for r in results}
+    head = "| K | " + " | ".join(f"M {m}" for m in ms) + " |"
+    rule = "|---|" + "---:|" * len(ms)
+    out = [
+        "\n### best norm alone / fused norm + MXFP8, the worst of the 8 forms (Gemma and standard, add and plain, "
+        "row-major and swizzled; > 1: fused faster)\n",
+        head,
+        rule,
+    ]
+    for k in ks:
+        cells = []
+        for m in ms:
+            r = at.get((k, m))
+            vals = [best_alone_ratio(r, *c)[2] for c in COMBOS] if r else []
+            vals = [v for v in vals if v == v]
+            if not vals:
+                cells.append("-")
+                continue
+            worst = min(range(len(vals)), key=vals.__getitem__)
+            fam, kind, sfx = COMBOS[worst]
+            cells.append(f"{vals[worst]:.2f} ({fam[0]}{'+' if kind == 'add' else ''}{' swz' if sfx else ''})")
+        out.append(f"| {k} | " + " | ".join(cells) + " |")
+    out.append("\n(form: g = Gemma, s = standard; + = with the residual; swz = swizzled scales)")
+    for fam in FAMILIES:
+        for kind in KINDS:
+            out += [f"\n#### {fam}, {kind}: best norm alone / fused (row-major, swizzled)\n", head, rule]
+            for k in ks:
+                cells = []
+                for m in ms:
+                    r = at.get((k, m))
+                    if r is None:
+                        cells.append("-")
+                        continue
+                    row, swz = (best_alone_ratio(r, fam, kind, sfx)[2] for sfx in ("", "_swz"))
+                    cells.append(f"{row:.2f} / {swz:.2f}")
+                out.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def ratio_plot(results, path):
+    """Best norm alone / fused against M, one panel per (family, residual), a line per K (row-major
+    solid, swizzled dashed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9), squeeze=False)
+    ks = sorted({r["K"] for r in results})
+    colors = plt.get_cmap("viridis")
+    for i, fam in enumerate(FAMILIES):
+        for j, kind in enumerate(KINDS):
+            ax = axes[i][j]
+            for n, k in enumerate(ks):
+                rs = sorted((r for r in results if r["K"] == k), key=lambda r: r["M"])
+                for sfx, style in (("", "-"), ("_swz", "--")):
+                    ax.plot([r["M"] for r in rs], [best_alone_ratio(r, fam, kind, sfx)[2] for r in rs], style,
+                            marker="o", ms=3, color=colors(n / max(1, len(ks) - 1)),
+                            label=f"K {k}" if not sfx else None)  # fmt: skip
+            ax.axhline(1.0, color="gray", linestyle=":")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("M (rows)")
+            ax.set_ylabel("best norm alone / fused (> 1: fused faster)")
+            ax.set_title(f"{fam} RMSNorm, {'add' if kind == 'add' else 'plain'} (dashed: swizzled scales)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7, ncol=2)
+    fig.suptitle("fused norm + MXFP8 vs the fastest peer norm alone (Liger-Kernel, FlashInfer), bf16, H200")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def floor_table(results):
     """Decode-size floors (same run): an empty kernel, one row copy, a row copy with a reduction,
     next to our norm alone, our fused op and Liger alone (µs per call)."""
@@ -517,6 +698,8 @@ def render(data, vname):
         + variant_table(data["results"], variants)
         + "\n"
         + floor_table(data["results"])
+        + "\n"
+        + ratio_tables(data["results"])
     )
 
 
@@ -529,8 +712,10 @@ def save(out, data, vname):
     with open(os.path.join(out, "kernels_bench.json"), "w") as f:
         json.dump(data, f, indent=1)
     p = plot(data["results"], data["copy_tbs"], vname, os.path.join(out, "kernels_bench.png"))
-    if p:
-        print(f"wrote {p}")
+    q = ratio_plot(data["results"], os.path.join(out, "kernels_ratio.png"))
+    for path in (p, q):
+        if path:
+            print(f"wrote {path}")
 
 
 # ------------------------------------------------------------------ the gated producers (issue 30)
@@ -738,6 +923,11 @@ def main(argv=None):
         "--current-default", action="store_true", help="with --tables: `default` = the variant today's dispatch picks"
     )
     ap.add_argument("--flashinfer-include", default=None, help="FlashInfer's include dir (default: its wheel's)")
+    ap.add_argument("--quick", action="store_true", help="K 2048,4096,6144 x M 1,16,64,256,4096 only")
+    ap.add_argument("--lean", action="store_true", help="no unfused pair, no Liger + quant (a sweep in one call)")
+    ap.add_argument("--calls", type=int, default=64, help="calls per CUDA graph")
+    ap.add_argument("--replays", type=int, default=7, help="timed replays per point (median)")
+    ap.add_argument("--warm-jobs", type=int, default=0, help="compile every kernel first in this many processes")
     ap.add_argument("--gated", action="store_true", help="then the gated producers' section (--gated-ks, --ms)")
     ap.add_argument("--only-gated", action="store_true", help="the gated producers' section only")
     ap.add_argument("--gated-ks", default=",".join(map(str, GATED_KS)))
@@ -758,6 +948,9 @@ def main(argv=None):
         if args.out:
             save(args.out, data, vname)
         return 0
+    if args.quick:
+        args.ks, args.ms = "2048,4096,6144", "1,16,64,256,4096"
+    TIMING.update(calls=args.calls, replays=args.replays)
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in [*variants, vname] if v != DEFAULT and v not in VARIANTS]
     if unknown:
@@ -768,7 +961,7 @@ def main(argv=None):
     head = (
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
         f"liger-kernel {'yes' if liger_norms() else 'NOT INSTALLED'}  "
-        f"CUDA graph of 64 calls, median of 7 replays, L2 flushed before each replay"
+        "L2 flushed before each replay"
     )
     print(head, flush=True)
     copy_tbs = copy_bandwidth_tbs()
@@ -781,13 +974,18 @@ def main(argv=None):
         act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
         return 0
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
-    flashinfer = flashinfer_norms(flashinfer_include(args.flashinfer_include))
+    include = flashinfer_include(args.flashinfer_include)
+    points = [(int(k), int(m)) for k in args.ks.split(",") for m in args.ms.split(",")]
+    if args.warm_jobs:
+        warm_cache(points, variants, include, args.warm_jobs)
+    flashinfer = flashinfer_norms(include)
     head += f"  flashinfer {'yes' if flashinfer else 'NOT BUILT'}"
+    head += f"  graph of {args.calls} calls, median of {args.replays}"
     data = {"head": head, "copy_tbs": copy_tbs, "variants": variants, "results": []}
     t0 = time.time()
-    for k in [int(v) for v in args.ks.split(",")]:
-        for m in [int(v) for v in args.ms.split(",")]:
-            r = bench_point(k, m, variants, compiled, flashinfer)
+    for k in sorted({k for k, _ in points}, key=[k for k, _ in points].index):
+        for m in [m for kk, m in points if kk == k]:
+            r = bench_point(k, m, variants, compiled, flashinfer, lean=args.lean)
             print(json.dumps(r), flush=True)
             data["results"].append(r)
         save(args.out, data, vname)  # the finished K survives a timeout

@@ -81,9 +81,9 @@ def k_classes(max_k: int = MAX_K, exhaustive: bool = False) -> list[int]:
 
 
 M_CLASSES = {"split": 1, "evict": 64, "large": 4096}
-"""One M per launch choice `norm_config(k, m)` makes: a split row (M <= 16), evict_first
-(17..1024), neither; at K 2049..3072 "large" is also where the fused plain norm takes two
-rows per tile."""
+"""One M per launch choice `norm_config(k, m)` makes on an H200 (132 SMs): a split row (tiles x
+chunks <= SMs), evict_first (up to 8 programs per SM), neither; at 3 chunks a row "large" is
+also where the fused plain norm runs the pipelined persistent loop (NVIDIA)."""
 HEAVY = dict(swizzled=True, emit_y=True, round_sum=True, round_normalized=True, rule=QuantRule.TORCHAO)
 """Every output flag on: the most live values (residual add with round_sum, y, swizzled scales
 and their padding fill, the torchao rule, round_normalized)."""
@@ -117,6 +117,9 @@ def norm_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         cases.append(_norm_case(f"norm add round_normalized K{k} large", isa, k, 4096, quant=False,
                                 round_normalized=True))  # fmt: skip
         cases.append(_norm_case(f"norm plain K{k} large", isa, k, 4096, residual=False, quant=False))
+        if isa == "ptx":  # programmatic dependent launch (NVIDIA only): gdc_wait / launch_dependents
+            pdl = norm_config(k, 1).replace(pdl=True)
+            cases.append(_norm_case(f"fused add pdl K{k} split", isa, k, 1, config=pdl, swizzled=True))
         if exhaustive:
             cases.append(_norm_case(f"fused plain K{k} large", isa, k, 4096, residual=False))
             for flag, value in HEAVY.items():

@@ -4,7 +4,11 @@ Each variant is a `NormConfig` (mxfuse/ops/norm_quant_config.py) passed explicit
 `triton_norm_quant.fused_norm_quant` / `gemma_norm` (`config=`): tools/bench_kernels.py
 times them all in one run, tests/test_gpu_kernels.py checks each bitwise (fused ==
 unfused, batch invariance, the same bits for the same arithmetic), and docs/perf_notes.md
-has their numbers. Import with `tools/` on `sys.path` (as bench_kernels does).
+has their numbers. Import with `tools/` on `sys.path` (as bench_kernels does). Run 10's:
+`split2-bf16x2` (a row over 2 programs instead of one per chunk: lost at 64 and 256 rows) and the
+`pdl-*` forms of the decode configs (programmatic dependent launch, NVIDIA only: the GPU tests
+check that they give the same bits; their speed only shows between PDL launches,
+tools/bench_gemm.py --pdl-only).
 """
 
 from __future__ import annotations
@@ -38,10 +42,15 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "split-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2"),
         "evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2"),
         "split-2xwarps": NormConfig(split=2, quant_ops="hw-bf16x2"),
+        "split2-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2"),
+        "pdl-split-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2", pdl=True),
+        "pdl-evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2", pdl=True),
     }
 )
 WARPS_FACTOR = {"split-2xwarps": 2}
 """Variants with another row layout than their K's default (so other bits: a decode-size probe only)."""
+SPLIT_PARTS = {"split2-bf16x2": 2}
+"""Variants whose row is split over this many programs (the others: `split` > 1 means one per chunk)."""
 
 
 def variant(name: str, k: int) -> NormConfig:
@@ -55,7 +64,7 @@ def variant(name: str, k: int) -> NormConfig:
     cfg = entry.replace(
         block_rows=entry.block_rows if base.block_rows == 1 else base.block_rows,
         num_warps=base.num_warps * WARPS_FACTOR.get(name, 1),
-        split=row_chunks(k)[1] if entry.split > 1 else 1,
+        split=SPLIT_PARTS.get(name, row_chunks(k)[1]) if entry.split > 1 else 1,
     )
     if cfg.persistent:
         cfg = cfg.replace(persistent=max(1, entry.persistent * 8 // cfg.num_warps))

@@ -1,15 +1,38 @@
 """Launch configurations of the norm / quant kernels (`triton_norm_quant.py`) and their defaults.
 
-Pure Python (no Triton, no GPU): the ops pick a config per call from K and M, the
-compile test and tools/compile_targets.py enumerate them on a CPU, and the benchmark
+Pure Python (no Triton, no GPU): the ops pick a config per call from K, M and the target,
+the compile test and tools/compile_targets.py enumerate them on a CPU, and the benchmark
 variants (tools/kernel_variants.py) are configs too.
 
 What a config may change: `tree` and `rsqrt` fix the arithmetic of a row (the fused and
 the unfused norm must use the same two, and they must not change with M: batch
-invariance); every other field only moves work between threads, programs or
-instructions, so every value gives the same bits (tests/test_gpu_kernels.py). The
-defaults below depend on K for the arithmetic and the row layout, and on M only for
-those bit-neutral choices (the H200 sweeps behind them: docs/perf_notes.md, runs 5, 6 and 8).
+invariance), and so does the row layout (rows per tile and warps: `tl.sum`'s order);
+every other field only moves work between programs or instructions, so every value gives
+the same bits (tests/test_gpu_kernels.py, tests/test_gpu_norm_dispatch.py).
+
+The dispatch (:func:`norm_config`) is derived from the shape and the target, not looked up:
+the row layout from K alone (a tile holds the padded row, at least TILE_VALUES values, and
+each warp 1024 of them, so 32 values a thread from K 4096 up and 16 below, never fewer than
+4 warps), then every bit-neutral choice from the size of the grid against the
+multiprocessors (`sms`) of the device, because at the sizes of a decode step the question is
+only how much of the chip a row's work can occupy. While the grid has an SM for every
+program of a row split over its NCH chunks (tiles x NCH <= sms), a row is split, each
+program reducing the whole row (the same code, so the same bits) and finishing one chunk, so
+a row's quant tail runs on otherwise idle SMs; never beyond, where the duplicated loads and
+reduction share an SM's issue slots with real work (runs 8 and 10: a row over 3 programs
+lost at 64 rows, over 2 programs by 0.04-0.31 µs). The loads carry evict_first up to
+EVICT_FIRST_ROWS_PER_SM rows per SM (the rows are read once; the hint lost from 4096 rows on
+the H200, 31 a SM). y is rounded two values per convert up to PAIRED_BF16_ROWS_PER_SM rows
+per SM, and in the evict_first range with a residual, whose extra bytes hide the unpacking
+it costs (beyond, where the kernel is issue-bound, it costs 1-2%). The fused plain norm,
+NVIDIA only, runs a persistent grid of PIPELINED_WARPS_PER_SM warps an SM whose software-
+pipelined loop fetches the next tiles while one is computed, where a row has 3 chunks (at 4
+the loop takes 108 registers a thread), at least 3 programs share an SM (one computes while
+two load) and each program gets at least PIPELINED_MIN_TILES_PER_PROGRAM tiles to amortize
+the weight load and the pipeline fill (run 8: it lost at 1.3-2.6 tiles a program and won
+9-12% at 5-10). The thresholds are counted per SM, so the same rule gives another M on a GPU
+with another SM count (the H200 measurements behind them: docs/perf_notes.md, runs 5, 6, 8
+and 10); a launch described on a meta or CPU tensor is dispatched for NOMINAL_SMS.
 """
 
 from __future__ import annotations
@@ -28,20 +51,23 @@ SCALE_STORES = ("in_place", "tl_store")
 SCALE_PADDINGS = ("fill", "norm")
 """F8_128x4 padding rows: zero-filled by store-only programs, or run through the norm on zero rows."""
 
-SPLIT_MAX_ROWS = 16
-"""Up to this many rows a row is split over one program per chunk (decode sizes)."""
-EVICT_FIRST_MAX_ROWS = 1024
-"""Up to this many rows the x / residual loads carry evict_first (streamed once)."""
-PAIRED_BF16_MAX_ROWS = 256
-"""Up to this many rows (and up to EVICT_FIRST_MAX_ROWS with a residual) y is rounded to bf16
-two values per convert before the quant (`quant_ops="hw-bf16x2"`; run 8)."""
-PIPELINED_MIN_ROWS = 4096
-"""Fused plain norm + quant at K 2049..3072 and 4097..6144, NVIDIA: from this many rows a
-persistent grid whose loop fetches the next tiles' rows while one is computed (run 8:
--9..-12% at K 6144)."""
+TILE_VALUES = 2048
+"""Values of a tile at least: short rows are stacked (BM = TILE_VALUES / padded row, <= 16)."""
+VALUES_PER_WARP = 1024
+"""A tile's values per warp (32 a thread), at least MIN_WARPS warps and at most 16."""
+MIN_WARPS = 4
+NOMINAL_SMS = 132
+"""Multiprocessors a launch described on a meta or CPU tensor is dispatched for (an H200's)."""
+EVICT_FIRST_ROWS_PER_SM = 8
+"""Up to this many rows per SM (unsplit) the x / residual loads carry evict_first."""
+PAIRED_BF16_ROWS_PER_SM = 2
+"""Up to this many rows per SM (and in the evict_first range with a residual) y is rounded
+to bf16 two values per convert before the quant (`quant_ops="hw-bf16x2"`; run 8)."""
 PIPELINED_STAGES = 3
 PIPELINED_WARPS_PER_SM = 24
 """Warps per SM of the pipelined loop (3 programs of 8 warps: 75 registers a thread on sm_90)."""
+PIPELINED_MIN_PROGRAMS_PER_SM = 3
+PIPELINED_MIN_TILES_PER_PROGRAM = 4
 PAD_ROWS = 32
 """Padding rows per zero-fill program (swizzled scales, `scale_padding="fill"`)."""
 MIN_CHUNK = 128
@@ -77,6 +103,9 @@ class NormConfig:
     - load_fence: a barrier right after the loads, so that the weight is fetched together
       with x and residual rather than after x's round trip (ptxas's order otherwise).
     - scale_padding: :data:`SCALE_PADDINGS` (swizzled scales only).
+    - pdl: programmatic dependent launch (NVIDIA sm_90+; a hint that other targets drop): the
+      kernel waits (`griddepcontrol.wait`) before its first load and lets the next kernel launch
+      (`launch_dependents`) right after.
     """
 
     block_rows: int = 1
@@ -91,6 +120,7 @@ class NormConfig:
     evict_first: bool = False
     load_fence: bool = True
     scale_padding: Literal["fill", "norm"] = "fill"
+    pdl: bool = False
 
     def __post_init__(self):
         for field, allowed in (
@@ -141,36 +171,36 @@ def row_chunks(k: int) -> tuple[int, int]:
     return ch, -(-k // ch)
 
 
-def norm_config(k: int, m: int | None = None, *, plain_quant: bool = False, isa: str = "ptx") -> NormConfig:
-    """Default config for M rows of K values (M None: the config of the row layout alone);
-    `plain_quant`: the fused plain norm + quant (no residual); `isa`: the kernels' ISA
-    (`triton_targets`: "ptx" on NVIDIA; the H200 measurements below choose for it).
-
-    The arithmetic and the layout of a row (warps, the values of a row each thread holds:
-    ~32 of the padded row, so 8 warps for K = 6144 and 4 for K = 3072) depend on K alone,
-    so the reduction tree is fixed per K. M only chooses, without changing a bit: a split
-    row at M <= 16 (a row's tail over NCH SMs); evict_first from 17 to 1024 rows (it loses
-    at 4096 and above); the paired bf16 rounding of y up to 256 rows (1024 with a residual:
-    -0.02..-0.19 µs there, +1..2% on the plain norm at large M); for the fused plain norm at
-    K 2049..8192 from 4096 rows, a persistent grid with a software-pipelined loop (the next
-    tiles' rows in flight while one is computed; the add-norm, with twice the bytes per
-    value, already streams at 97% of the copy and loses with it). Off NVIDIA the loop is not
-    pipelined (its AMDGCN spills: tools/compile_targets.py), and at 4 chunks a row (K 3073..4096,
-    6145..8192) it would take 108 registers a thread: not measured, not picked.
-    """
+def norm_config(
+    k: int, m: int | None = None, *, plain_quant: bool = False, isa: str = "ptx", sms: int = NOMINAL_SMS
+) -> NormConfig:
+    """Default config for M rows of K values on a device of `sms` multiprocessors (M None:
+    the config of the row layout alone); `plain_quant`: the fused plain norm + quant (no
+    residual); `isa`: the kernels' ISA (`triton_targets`: "ptx" on NVIDIA). The rule is the
+    module docstring's: the layout from K, the rest from the grid's programs per SM."""
     block_k = padded_row(k)
-    bm = 1 if block_k >= 2048 else min(16, 2048 // block_k)
-    nw = max(4, min(16, bm * block_k // 1024))
+    bm = 1 if block_k >= TILE_VALUES else min(16, TILE_VALUES // block_k)
+    nw = max(MIN_WARPS, min(16, bm * block_k // VALUES_PER_WARP))
     if m is None:
         return NormConfig(block_rows=bm, num_warps=nw)
     nch = row_chunks(k)[1]
-    split = nch if m <= SPLIT_MAX_ROWS else 1
-    evict_first = split == 1 and m <= EVICT_FIRST_MAX_ROWS  # a split row is read SPLIT times: no hint measured
-    paired = m <= PAIRED_BF16_MAX_ROWS or (m <= EVICT_FIRST_MAX_ROWS and not plain_quant)
-    if plain_quant and isa == "ptx" and m >= PIPELINED_MIN_ROWS and block_k in (4096, 8192) and nch == 3:
+    sms = max(1, sms)
+    tiles = max(1, -(-m // bm))
+    split = nch if tiles * nch <= sms else 1
+    evict_first = split == 1 and m <= EVICT_FIRST_ROWS_PER_SM * sms  # a split row is read SPLIT times
+    paired = m <= PAIRED_BF16_ROWS_PER_SM * sms or (not plain_quant and m <= EVICT_FIRST_ROWS_PER_SM * sms)
+    programs_per_sm = PIPELINED_WARPS_PER_SM // nw
+    if (
+        plain_quant
+        and isa == "ptx"
+        and nch == 3
+        and bm == 1
+        and programs_per_sm >= PIPELINED_MIN_PROGRAMS_PER_SM
+        and tiles >= PIPELINED_MIN_TILES_PER_PROGRAM * programs_per_sm * sms
+    ):
         return NormConfig(
             num_warps=nw,
-            persistent=PIPELINED_WARPS_PER_SM // nw,
+            persistent=programs_per_sm,
             loop_stages=PIPELINED_STAGES,
             load_fence=False,  # the weight is loaded once, before the loop
         )

@@ -30,6 +30,12 @@ multiple of 128 and scale rows copied to 4-byte alignment when needed (never for
 model's shapes). The variants this design was chosen against (and every measurement
 behind the choices) live outside the package: tools/gemm_variants.py, docs/gemm_notes.md.
 
+Programmatic dependent launch (`GemmConfig.pdl`, NVIDIA sm_90+): every kernel of the GEMM
+is launched with Triton's `launch_pdl` and runs `griddepcontrol.wait` (`_pdl_enter`) before
+it reads an operand an earlier kernel wrote (the activation codes and scales, the
+dequantized rows, the split workspace), then lets the next kernel launch: its launch and
+prologue overlap the tail of the kernel before it (the norm that produced the codes, say).
+
 Inputs: codes `[M, K]` float8_e4m3fn with a unit last stride (rows may be strided,
 e.g. `buf[:, :K]` of a row-packed byte buffer), scales `[M, K/32]` uint8 (unit last
 stride), weight `[N, K]` / `[N, K/32]` likewise. Importing this module does no CUDA
@@ -44,9 +50,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import BLOCK, scale_columns
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed
 
 SCALE_WORD_K = 4 * BLOCK
 """K values covered by one int32 word of 4 scale bytes: K is padded to a multiple of it."""
@@ -80,12 +87,24 @@ def grouped_tile(pid, num_outer, num_inner, GROUP: tl.constexpr):
     return first + (pid % num_in_group) % group_size, (pid % num_in_group) // group_size
 
 
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait until the kernels before this one completed (and
+    their writes are visible), then let the next kernel launch (it waits for this one in turn)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 # ---------------------------------------------------------------------- kernels
 
 
 @triton.jit(do_not_specialize=["M", "stride_cc"])
-def _chunk_sum_kernel(ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+def _chunk_sum_kernel(
+    ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     """out = ((0 + w_0) + w_1) + ... (ascending chunks), rounded once: the split path's second phase."""
+    _pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     t = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -133,6 +152,7 @@ def _mx_gemm_swap_kernel(
     X_BF16: tl.constexpr,  # activation operand is a pre-dequantized bf16 [M, K] buffer
     SPLIT: tl.constexpr,
     FLAT: tl.constexpr,  # one K loop that folds the chunk into the total at chunk ends
+    PDL: tl.constexpr = False,  # programmatic dependent launch: wait for the producer of X before the K loop
 ):  # fmt: skip
     """Swapped operands: out^T tile [BN, BM] = W tile [BN, BK] @ X tile^T, summed over the
     fixed K chunks: output = ((0 + c_0) + c_1) + ..., c_i a wgmma k16 chain from zero.
@@ -150,6 +170,7 @@ def _mx_gemm_swap_kernel(
     x_ptrs = x_ptr + rm64[:, None] * stride_xm + rk[None, :]
     ws_ptrs = ws_ptr.to(tl.pointer_type(tl.int32)) + rn64[:, None] * stride_wsn + rw[None, :]
     xs_ptrs = xs_ptr.to(tl.pointer_type(tl.int32)) + rm64[:, None] * stride_xsm + rw[None, :]
+    _pdl_enter(PDL)  # the first read of X (and of the workspace the chunk sum reads after this)
 
     total = tl.zeros((BN, BM), dtype=tl.float32)
     if SPLIT:
@@ -184,9 +205,12 @@ def _mx_gemm_swap_kernel(
 
 
 @triton.jit(do_not_specialize=["M"])
-def _dequant_rows_kernel(q_ptr, s_ptr, o_ptr, M, K, stride_qm, stride_sm, stride_om, BK: tl.constexpr):
+def _dequant_rows_kernel(
+    q_ptr, s_ptr, o_ptr, M, K, stride_qm, stride_sm, stride_om, BK: tl.constexpr, PDL: tl.constexpr = False
+):
     """bf16 [M, K] = exact dequant of e4m3 codes + E8M0 scales (an operand dequantized once
     up front instead of once per tile that reads it)."""
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     k0 = tl.program_id(1) * BK
     q = tl.load(q_ptr + row * stride_qm + k0 + tl.arange(0, BK)[None, :])
@@ -232,6 +256,8 @@ class GemmConfig(NamedTuple):
     """Dequantize the weight once to a bf16 `[N, K]` scratch buffer before the GEMM."""
     chunk: int | None = None
     """Benchmarks only: another chunk width than `chunk_k(K)` (changes the bits)."""
+    pdl: bool = False
+    """Programmatic dependent launch of every kernel of the GEMM (NVIDIA only; same bits)."""
 
 
 def pow2_divisor(k: int, cap: int) -> int:
@@ -250,10 +276,15 @@ AMD CU's LDS holds (64 KB on gfx942, 160 KB on gfx950; tools/compile_targets.py 
 def gemm_config(m: int, n: int, k: int, isa: Isa = "ptx") -> GemmConfig:
     """The default tiles: decode split over the K chunks up to SPLIT_MAX_M rows, both operands
     dequantized once above it (the measurements behind the choice: docs/gemm_notes.md, run 4).
-    The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep."""
+    The same chunks (same bits) on every ISA; "portable" pipelines PORTABLE_STAGES deep.
+    Decode launches with programmatic dependent launch on NVIDIA: its three small kernels
+    (activation dequant, split product, chunk sum) overlap each other's launch and tail (H200:
+    up to 1.7 µs a GEMM at M 1-64; docs/perf_notes.md, run 10). Above SPLIT_MAX_M it does not:
+    the early trigger lets the product kernel's programs (196 KB of shared memory each) take SMs
+    while the weight dequant still has waves to run (+8..17% at M 256)."""
     if m <= SPLIT_MAX_M:
         rows = min(64, max(16, triton.next_power_of_2(max(m, 1))))
-        cfg = GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True)
+        cfg = GemmConfig(64, rows, group=1, split_k=True, dequantize_activations_first=True, pdl=pdl_allowed(isa))
     else:
         both = {"flat_k_loop": True, "dequantize_activations_first": True, "dequantize_weight_first": True}
         if m < 2048:
@@ -304,12 +335,13 @@ class SplitKOutput:
         else:
             self.dst, self.grid, self.stride_cc = out, (tiles,), 0
 
-    def finish(self, run: Callable[[KernelLaunch], None] = KernelLaunch.run) -> torch.Tensor:
+    def finish(self, run: Callable[[KernelLaunch], None] = KernelLaunch.run, pdl: bool = False) -> torch.Tensor:
         if self.split:
             block = 1024
             args = (self.dst, self.out, self.m, self.n, self.out.stride(0), self.stride_cc)
             grid = (triton.cdiv(self.m * self.n, block),)
-            run(KernelLaunch(_chunk_sum_kernel, grid, args, dict(N_CHUNKS=self.n_chunks, BLOCK=block), 4))
+            constexprs = dict(N_CHUNKS=self.n_chunks, BLOCK=block, PDL=pdl)
+            run(KernelLaunch(_chunk_sum_kernel, grid, args, constexprs, 4, pdl=pdl))
         return self.out
 
 
@@ -342,11 +374,12 @@ def mxfp8_linear(
     codes, scales, weight_codes, weight_scales = prepare_operands(codes, scales, weight_codes, weight_scales)
     k = codes.shape[1]
     cfg = config or gemm_config(m, n, k, isa)
+    cfg = cfg._replace(pdl=cfg.pdl and pdl_allowed(isa))  # a launch hint: off NVIDIA the kernels launch plainly
     cfg = cfg._replace(block_k=max(128, pow2_divisor(k, cfg.block_k)))
     chunk = cfg.chunk or chunk_k(k)
     assert chunk % cfg.block_k == 0, (chunk, cfg.block_k)
-    x = dequantize_rows(codes, scales, run) if cfg.dequantize_activations_first else codes
-    w = dequantize_rows(weight_codes, weight_scales, run) if cfg.dequantize_weight_first else weight_codes
+    x = dequantize_rows(codes, scales, run, cfg.pdl) if cfg.dequantize_activations_first else codes
+    w = dequantize_rows(weight_codes, weight_scales, run, cfg.pdl) if cfg.dequantize_weight_first else weight_codes
     tiles = triton.cdiv(m, cfg.activation_rows) * triton.cdiv(n, cfg.weight_rows)
     dst = SplitKOutput(out, m, n, k, chunk, tiles, cfg.split_k)
     args = (
@@ -363,13 +396,17 @@ def mxfp8_linear(
         X_BF16=cfg.dequantize_activations_first,
         SPLIT=dst.split,
         FLAT=cfg.flat_k_loop,
+        PDL=cfg.pdl,
     )
-    run(KernelLaunch(_mx_gemm_swap_kernel, dst.grid, args, constexprs, cfg.num_warps, cfg.num_stages))
-    return dst.finish(run)
+    run(KernelLaunch(_mx_gemm_swap_kernel, dst.grid, args, constexprs, cfg.num_warps, cfg.num_stages, pdl=cfg.pdl))
+    return dst.finish(run, cfg.pdl)
 
 
 def dequantize_rows(
-    codes: torch.Tensor, scales: torch.Tensor, run: Callable[[KernelLaunch], None] = KernelLaunch.run
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    run: Callable[[KernelLaunch], None] = KernelLaunch.run,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Exact bf16 `[M, K]` of MXFP8 rows (K % 128 == 0, word-aligned scale rows)."""
     m, k = codes.shape
@@ -377,5 +414,5 @@ def dequantize_rows(
     if m:
         bk = pow2_divisor(k, 1024)
         args = (codes, scales, out, m, k, codes.stride(0), scales.stride(0), out.stride(0))
-        run(KernelLaunch(_dequant_rows_kernel, (m, k // bk), args, dict(BK=bk), 4))
+        run(KernelLaunch(_dequant_rows_kernel, (m, k // bk), args, dict(BK=bk, PDL=pdl), 4, pdl=pdl))
     return out

@@ -56,6 +56,8 @@ class NormSpec(NamedTuple):
     PAD_ROWS: int
     PAD_WORDS: int
     LOOP_STAGES: int
+    PDL: bool
+    """Programmatic dependent launch: `gdc_wait` before the first load (NVIDIA only)."""
 
 
 @triton.jit

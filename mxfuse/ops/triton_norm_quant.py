@@ -55,7 +55,8 @@ approximation (`rsqrt="approx"`; `rsqrt="rn"` keeps the correctly rounded
 ``div_rn(1, sqrt_rn(.))`` at ~0.1 µs more per decode launch). `round_normalized` (the
 standard Hugging Face `LlamaRMSNorm` order) rounds `s * rstd` to the dtype before the
 weight multiply. Consequences: fused == unfused bitwise, and results are batch invariant
-(M only picks launch choices that do not change a bit, `split` and `evict_first`).
+(M only picks launch choices that do not change a bit: `split`, `evict_first`, the
+paired rounding, the persistent loop, PDL).
 
 Targets (`ISA` constexpr, set by the launcher from the device: mxfuse/ops/triton_targets.py)
 ============================================================================================
@@ -84,13 +85,22 @@ docs/perf_notes.md):
   Large K uses BM = 1, ~32 values of the padded row per thread. The flags (residual
   rounding, y, scale layout) are constexpr: runtime flags put branches between the
   loads and their use, and the weight loads then waited for x's round trip.
-- decode sizes (M <= 16): `split` = one program per chunk; each reads and reduces the
-  whole row (the same code, so the same bits) and finishes one chunk, so a row's quant
-  tail runs on NCH SMs. 17..1024 rows: evict_first on the row loads. Up to 256 rows (1024
-  with a residual) y is rounded to bf16 two values per convert before the quant.
-- the fused plain norm from 4096 rows (NVIDIA, K 2049..3072 and 4097..6144): a persistent
-  grid of 3 programs of 8 warps per SM, the weight loaded once per program, Triton's
+- which of the launch shapes below a call gets is `norm_config`'s rule (its module
+  docstring): counted in programs per SM of the device, so the row counts below are an
+  H200's (132 SMs).
+- decode sizes (tiles x NCH <= SMs: M <= 33..66 at 4..2 chunks): `split` = one program
+  per chunk; each reads and reduces the whole row (the same code, so the same bits) and
+  finishes one chunk, so a row's quant tail runs on NCH SMs. Up to 8 rows per SM (1056
+  rows): evict_first on the row loads. Up to 2 rows per SM (264 rows; 1056 with a
+  residual) y is rounded to bf16 two values per convert before the quant.
+- the fused plain norm at 3 chunks a row with at most 8 warps (K 2049..3072 and
+  4097..6144), NVIDIA, from 4 tiles per program (1584 rows at K 6144, 3168 at K 3072):
+  a persistent grid of 24 warps per SM, the weight loaded once per program, Triton's
   software pipeliner fetching the next tiles' rows (cp.async) while one is computed.
+- programmatic dependent launch (`NormConfig.pdl`, NVIDIA only, off by default): the
+  kernel runs `griddepcontrol.wait` before its first load (weight included) and
+  `launch_dependents` right after; it pays only between PDL launches on both sides
+  (docs/perf_notes.md, run 10).
 - quant: ``[BM, BC]`` tiles with BC <= 1024 columns (a 2-D grid, so even M = 1 gets
   K/1024 programs), BM rows so that a tile is ~4K elements.
 - swizzled scales: the kernel stores each scale at its F8_128x4 offset directly; the
@@ -111,9 +121,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_rows, padded_scale_columns, scale_columns
-from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, norm_config, row_chunks
+from mxfuse.ops.norm_quant_config import NOMINAL_SMS, PAD_ROWS, NormConfig, norm_config, row_chunks
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_mx_quant import (
     MxSpec,
@@ -131,7 +142,9 @@ from mxfuse.ops.triton_mx_quant import (
     swizzle_scales,
 )
 from mxfuse.ops.triton_norm_prologue import NormIo, NormSpec, _load_weight, _norm_rows, _normalize
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, sm_count
+
+_sm_count = sm_count  # triton_act_quant still imports this name; it goes when triton_act_quant imports sm_count
 
 __all__ = [
     "fused_norm_quant",
@@ -202,6 +215,12 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
     pid = tl.program_id(0)
     part = tl.program_id(1)
     stored_scale_rows = M if F.PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
+    if F.PDL:
+        # launched with programmatic dependent launch: wait for the kernels before this one
+        # (their outputs are x / residual, and they may still read what this one overwrites),
+        # then let the next kernel launch; it waits for this one to complete before reading
+        gdc_wait()
+        gdc_launch_dependents()
     if F.PERSISTENT:
         cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)  # once per program
         for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
@@ -218,11 +237,6 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
 
 
 # --------------------------------------------------------------------------- launchers
-
-
-def _sm_count(dev: torch.device) -> int:
-    """Multiprocessors of a GPU (1 on a meta device: a described launch's grid is nominal there)."""
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def norm_launch(
@@ -268,12 +282,14 @@ def norm_launch(
     if scale_rows == 0:
         return outputs, None
     ch, nch = row_chunks(k)
-    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa)
+    sms = sm_count(dev) if dev.type == "cuda" else NOMINAL_SMS  # a described launch: dispatched as on an H200
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sms)
+    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)
     n_pad = triton.cdiv(triton.cdiv(scale_rows - m, PAD_ROWS), split) if pad_fill else 0
-    grid = (min(n_tiles, cfg.persistent * _sm_count(dev)) if cfg.persistent else n_tiles + n_pad, split)
+    grid = (min(n_tiles, cfg.persistent * sm_count(dev)) if cfg.persistent else n_tiles + n_pad, split)
     r = residual if has_res else x
     io = NormIo(x, r, weight, res_out if has_res else x, x.stride(0), r.stride(0))
     y_out = y if y is not None else x
@@ -300,10 +316,11 @@ def norm_launch(
         PAD_ROWS=PAD_ROWS,
         PAD_WORDS=triton.next_power_of_2(max(1, padded_scale_columns(k) // SWIZZLE_COLUMN_TILE)),
         LOOP_STAGES=cfg.loop_stages,
+        PDL=pdl,
     )
     mx = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule, isa)
     constexprs = dict(F=spec, MX=mx)
-    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+    return outputs, KernelLaunch(_norm_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=pdl)
 
 
 def gemma_norm(

@@ -11,6 +11,14 @@ the launcher sets from the device, never a runtime branch:
 
 Any other GPU gets one :class:`MxfuseInputError` before anything compiles. The set of
 targets CI compiles for (tests/test_targets_compile.py) is :data:`COMPILE_TARGETS`.
+
+Programmatic dependent launch (PDL, :attr:`KernelLaunch.pdl`) is NVIDIA-only as well: the
+launch carries CUDA's programmatic-stream-serialization attribute (Triton's `launch_pdl`)
+and the kernel runs `griddepcontrol.wait` before it reads what an earlier kernel wrote and
+`griddepcontrol.launch_dependents` to let the next one start (`gdc_wait` /
+`gdc_launch_dependents` of `triton.language.extra.cuda`, sm_90 on). Triton's AMD backend
+has no equivalent (no launch attribute, no instruction), so a "portable" launch drops the
+hint and runs the same kernel plainly (:func:`pdl_allowed`; the bits are the same either way).
 """
 
 from __future__ import annotations
@@ -54,6 +62,17 @@ def _gpu_isa(index: int) -> Isa:
     raise MxfuseInputError(f"mxfuse: the MXFP8 Triton kernels need {need}; cuda:{index} is {found}")
 
 
+def sm_count(dev: torch.device) -> int:
+    """Multiprocessors (NVIDIA) / compute units (AMD) of a GPU; 1 on a meta or CPU device (a
+    described launch's grid is nominal there)."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+
+
+def pdl_allowed(isa: Isa) -> bool:
+    """Whether kernels of this ISA may be launched with programmatic dependent launch (NVIDIA only)."""
+    return isa == "ptx"
+
+
 def device_isa(device: torch.device) -> Isa:
     """The `ISA` constexpr for tensors on `device`; :class:`MxfuseInputError` for a GPU the
     kernels do not support. A CPU device (Triton's interpreter) gets the portable code."""
@@ -75,12 +94,17 @@ class KernelLaunch(NamedTuple):
     num_stages: int | None = None
     fp_fusion: bool = True
     """Triton's `enable_fp_fusion` (False: no multiply-add contracted into an FMA)."""
+    pdl: bool = False
+    """Launched with programmatic dependent launch (Triton's `launch_pdl`; NVIDIA sm_90+ only:
+    the kernel must `gdc_wait` before its first read of an earlier kernel's output)."""
 
     def options(self) -> dict[str, Any]:
         """The launch options besides the constexprs."""
         opts: dict[str, Any] = {"num_warps": self.num_warps, "enable_fp_fusion": self.fp_fusion}
         if self.num_stages is not None:
             opts["num_stages"] = self.num_stages
+        if self.pdl:
+            opts["launch_pdl"] = True
         return opts
 
     def run(self) -> None:
