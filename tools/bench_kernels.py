@@ -831,6 +831,8 @@ def main(argv=None):
     gated_ks, ms = [int(v) for v in args.gated_ks.split(",")], [int(v) for v in args.ms.split(",")]
     if args.only_gated:
         print(gated_section(gated_ks, ms, copy_tbs, not args.no_compiled)[1], flush=True)
+        if args.act_mul is None:
+            return 0
 
     if args.act_mul == "only":
         act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
