@@ -18,7 +18,13 @@ Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 - GELU-tanh is torch's formula with torch's constants,
   ``0.5 * x * (1 + tanh(kBeta * (x + 0.044715 * (x * x * x))))``;
 - ``ROUND_EACH_OP`` rounds every op's result to the dtype exactly where the reference does
-  (:func:`mxfuse.ops.activations.act_mul_rows`); clamps are NaN-propagating (torch's clamp).
+  (:func:`mxfuse.ops.activations.act_mul_rows`); clamps are NaN-propagating (torch's clamp);
+- bf16 on NVIDIA (``ActMulConfig.widen`` "shift", the default): the gate is widened to fp32 by
+  moving its bits (two integer ops per pair of values), and the rounded product ``a * up`` of two
+  bf16 values is one ``mul.rn.bf16x2`` (the fp32 product of two bf16 values is exact, so its
+  rounding to bf16 is the correctly rounded bf16 product), widened the same way; the quant reads
+  that fp32 y directly. The same values as ``.to(float32)`` and the fp32 multiply ("cvt"), in
+  1.5 fewer instructions per value (the kernel is close to issue-bound: docs/perf_notes.md).
 
 Against torch's own CUDA functions the only difference is the last bit or two of an
 fp32 ``exp`` / ``tanh``; docs/design.md ("act·mul producers") states the bound and
