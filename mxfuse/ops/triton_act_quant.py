@@ -111,6 +111,8 @@ class ActMulConfig(NamedTuple):
     cols_first: bool = False
     widen: str = "shift"
     """bf16 -> fp32 of the gate and of y: "shift" (NVIDIA: two bit operations per pair) or "cvt" (Triton's)."""
+    code_vector: int = 8
+    """Contiguous values per thread the quant's code store is laid out for (`MxSpec.CODE_VECTOR`: 8 or 16)."""
 
 
 def block_cols(i: int) -> int:
@@ -351,7 +353,7 @@ def act_mul_launch(
     dst = mx_dst(y_arg, codes, scales, i) if quant else mx_dst(y_arg, gate, gate, i)
     args = (gate, up, dst, m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), float(alpha),
             float(limit))  # fmt: skip
-    spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa)
+    spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector)
     constexprs = dict(
         ACT=ACTIVATION_IDS[activation],
         ROUND_EACH_OP=bool(round_each_op),

@@ -27,17 +27,22 @@ Arithmetic (compiled without FMA contraction):
   `sigmoid` / `silu` kernels compute (`one / (one + std::exp(-x))` in fp32), bit for bit on
   the elementwise part.
 - the gated norm's mean square: a `[BM, GP]` tile holds whole groups (GP = the group padded
-  to a power of two, >= 128), summed by `tl.sum` (order fixed by the config, which depends on
-  the group size alone: batch invariant), divided by G with `div_rn`; `1/sqrt` is
+  to a power of two, >= 128), summed by the fixed pairwise tree of the norm kernels
+  (`_pairwise_sum`: the same order for any layout, BM or grid, so fused == unfused and batch
+  invariance hold whatever the tile), divided by G with `div_rn`; `1/sqrt` is
   `rsqrt.approx.f32` on NVIDIA (what torch's CUDA `rsqrt` and Inductor compute) and
   `tl.math.rsqrt` elsewhere.
 
 Grids: the gate is elementwise: `[BM, BC]` tiles of `quant_config`. The gated norm: one
-program per BM rows and one group, groups first (`(K / G, cdiv(rows, BM))`: consecutive
-programs read the groups of the same rows, so the rows' bytes in order; `groups_first=False`
-walks the row tiles of a group first); a group's padding lanes and the swizzled layout's padding
-rows compute from zeros (the padding rows' y forced to 0: a zero row may give NaN with eps 0),
-and the last group also stores the zero scale columns past K/32 up to the F8_128x4 padding.
+program per BM rows and one group, row tiles first (`(cdiv(rows, BM), K / G)`; groups first,
+`groups_first=True`, measured 0-3% slower on the H200: docs/perf_notes.md, run 10); a group's
+padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
+rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, so that the SiLU's
+`z / (1 + exp(-z))` of a masked lane takes the divide's fast path: a zero numerator sends
+`div.rn.f32` to its slow path (a serialized subroutine per value), which made the mostly
+masked tiles of small M slower than full ones (4.9 µs at M 1 against 3.3 at M 64); x = 0
+keeps every stored value and the sum of squares as they were. The last group also stores the
+zero scale columns past K/32 up to the F8_128x4 padding.
 """
 
 from __future__ import annotations
@@ -59,6 +64,10 @@ MIN_GROUP_TILE = 128
 """Columns of a group's tile at least (a multiple of 4 scale columns)."""
 TILE_VALUES = 4096
 """Values per program of the gated norm (BM = TILE_VALUES / GP rows, at least 1)."""
+GATE_CODE_VECTOR = 16
+"""The gate's codes per thread (`MxSpec.CODE_VECTOR`): its `quant_config` tiles of 16 values a thread then
+hold half a block each (one shuffle per amax, one 16-byte code store), the layout it had before it shared the
+epilogue (sm_90 SASS: 712 instructions against 752 with 8)."""
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
 
@@ -174,7 +183,7 @@ def _gated_norm_kernel(
     cols = group * G + j
     mask = (rows < M)[:, None] & (j < G)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # the divide's fast path
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
     act = _gate_activation(z.to(tl.float32), ACTIVATION, BM, GP, PRECISE_EXP)
@@ -239,7 +248,7 @@ def gate_launch(
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
-    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa)
+    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa, GATE_CODE_VECTOR)
     constexprs = dict(
         QUANT=bool(quant),
         ROUND_GATE=bool(round_gate),
@@ -280,11 +289,11 @@ def gated_norm_launch(
     activation: str = "silu",
     round_normalized: bool = False,
     round_weighted: bool = False,
-    groups_first: bool = True,
+    groups_first: bool = False,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None).
-    `groups_first`: consecutive programs take the groups of one row tile (the rows' bytes in order), else the
-    row tiles of one group (same bits either way)."""
+    `groups_first`: consecutive programs take the groups of one row tile, else (the default) the row tiles of
+    one group (same bits either way)."""
     swizzled = bool(quant and swizzled)
     outputs, scale_rows = producer_outputs(
         "triton_gated_quant", ("x", x), ("z", z), quant=quant, swizzled=swizzled, emit_y=emit_y

@@ -99,6 +99,10 @@ class MxSpec(NamedTuple):
     """`reference.QuantRule` member name, lower case."""
     ISA: str
     """`triton_targets.Isa`."""
+    CODE_VECTOR: int = 8
+    """Contiguous codes per thread the code store is laid out for (a layout hint: the same bits for any
+    value): 8, the register layout of 16-byte bf16 loads (no layout conversion after a norm's loads), or 16
+    (one 16-byte store, and half a block per thread: one shuffle per block amax instead of two)."""
 
 
 # --------------------------------------------------------------------------- the epilogue
@@ -283,10 +287,10 @@ def _mx_epilogue(
         codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, ISA), BM, BC, QUANT_OPS, RULE, ISA)
     else:
         codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
-    # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses, so no
+    # MX.CODE_VECTOR codes per thread: 8 is the register layout of the 16-byte bf16 accesses, so no
     # shared-memory layout conversion between the loads and the code stores.
     q_offs = rows[:, None] * dst.stride_q + cols[None, :]
-    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
+    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, MX.CODE_VECTOR]), codes, mask=mask)
     scols = scol0 + tl.arange(0, BC // 32)
     if MX.SWIZZLED and MX.RULE == "torchao":
         # the pad4 columns past K/32 hold zeros; under TORCHAO a row whose y is NaN (all-zero
