@@ -36,18 +36,23 @@ finite limit), so their blocks quantize to zero codes and scale byte 0 without a
 the clamped forms keep one (their `limit` is a runtime value).
 
 **The dispatch** (:func:`act_mul_config`, a function of I, M and the SM count). The kernel
-is memory-bound at the copy's rate only if every program moves enough bytes and no lane is
-masked off: BC is the largest power of two up to 1024 that divides I (I % 128 == 0: 1024 at
-14336 and 17408, 512 at 3584 and 1536, 256 at 1792 and 4352, 128 at 2176), so no column
-block is partly empty (1024 columns at I 1792 left a quarter of every second block idle),
-and BM = TILE_VALUES / BC rows, so every program holds 2048 values (16 per thread on 4
-warps, 20 KB moved) whatever the width: narrow shards get several rows per program instead
-of one short one. At decode sizes (fewer than two programs per SM) BM, then BC, is halved
-down to 128 columns so that the grid still covers the SMs. An I that is no multiple of 128
-keeps the power of two covering it (masked tail; the swizzled layout's padding scale columns
-then fall inside the last block). Every tile computes the same bits (the arithmetic is
-elementwise and the block max order-free), so the choice is free (batch invariance), and
-`config=` takes any `ActMulConfig` (the benchmark's variants, the GPU tests).
+moves 5.03 bytes a value and issues ~34 instructions a value (sm_90: the bit contract's
+`expf` and `div_rn` are 19 of them), so at the copy's rate it keeps ~87% of the issue slots
+busy: it runs near the copy only if no lane is masked off and every program has enough
+independent work. BC is the largest power of two up to 1024 that divides I (I % 128 == 0:
+1024 at 14336 and 17408, 512 at 3584 and 1536, 256 at 1792 and 4352, 128 at 2176), so no
+column block is partly empty (1024 columns at I 1792 left a quarter of every second block
+idle), and BM = TILE_VALUES / BC rows, so every program holds 2048 values (16 per thread on
+4 warps, ~10 KB moved) whatever the width: narrow shards get several rows per program
+instead of one short one. Measured on the H200 (docs/perf_notes.md, run 10): 82-85% of the
+copy at M 16384 for every I from 1536 to 17408 (the previous power-of-two-covering dispatch:
+53-64% at I 1536-2176); 1024 or 4096 values per program, 8 warps, or a column-first grid are
+no faster. At decode sizes (fewer than two programs per SM) BM, then BC, is halved down to
+128 columns so that the grid still covers the SMs. An I that is no multiple of 128 keeps the
+power of two covering it (masked tail; the swizzled layout's padding scale columns then fall
+inside the last block). Every tile computes the same bits (the arithmetic is elementwise and
+the block max order-free), so the choice is free (batch invariance), and `config=` takes any
+`ActMulConfig` (the benchmark's variants, the GPU tests).
 
 Swizzled scales: after the tiles of the M real rows, a few programs per column block only
 store the zero scale bytes of the padding rows up to pad128(M) (no loads, no memset).
@@ -97,6 +102,8 @@ MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
 SCALE_PAD_ROWS = 128
 """Rows of swizzled-scale padding one padding program zeroes (per column block)."""
+WIDENINGS = ("shift", "cvt")
+CODE_VECTORS = (8, 16)
 
 
 class ActMulConfig(NamedTuple):
@@ -302,7 +309,7 @@ def _act_mul_kernel(
             _widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, PRECISE_EXP, WIDEN_Y
         )
         if QUANT:
-            if ACT >= 2:  # a runtime limit: masked lanes forced to the zero blocks they are for other limits
+            if ACT >= 2:  # the clamped forms' limit is a runtime value: zero the masked lanes whatever it is
                 y = tl.where(mask, y, 0.0)
             # y holds dtype values in fp32: quantized as it is (a round trip through the dtype would cost a
             # convert per value where the compiler cannot see that y is exact), stored as the dtype
@@ -343,6 +350,8 @@ def act_mul_launch(
     if scale_rows == 0 or i == 0:
         return outputs, None
     cfg = config or act_mul_config(m, i, _sm_count(dev))
+    if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
+        raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     n_tiles = triton.cdiv(m, cfg.block_rows)
     n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
     row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
