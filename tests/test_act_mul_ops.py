@@ -231,3 +231,61 @@ def test_inference_only():
     x = torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True)
     with pytest.raises(MxfuseInputError, match="act_mul_mxfp8 has no backward"):
         mx.act_mul_mxfp8(x, "silu")[0].float().sum().backward()
+
+
+# ------------------------------------------------------------- the kernel's index math (Triton's interpreter)
+
+CHECK_KERNEL_LAYOUT = """
+import torch
+from mxfuse.ops import reference, triton_act_quant as taq
+from mxfuse.ops.triton_act_quant import ActMulConfig
+
+g = torch.Generator().manual_seed(0)
+for m, i in ((130, 384), (37, 96)):  # 384: 128- and 256-column blocks divide I; 96: a masked tail block
+    x = torch.randn(m, 2 * i, generator=g).bfloat16()
+    gate, up = x[:, :i], x[:, i:]  # halves of one buffer: a row stride of 2I
+    configs = [taq.act_mul_config(m, i, 64), ActMulConfig(4, 128, 2, True), ActMulConfig(2, 512, 4)]
+    _, _, y = taq.act_mul(gate, up, "silu", quant=False)
+    for swizzled, rule in ((False, 0), (True, 1)):
+        want = reference.mxfp8_quantize(y, swizzled, rule)
+        for cfg in configs:
+            assert torch.equal(taq.act_mul(gate, up, "silu", quant=False, config=cfg)[2], y), cfg
+            codes, scales, fy = taq.act_mul(gate, up, "silu", swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
+            assert torch.equal(fy, y), cfg
+            assert torch.equal(scales, want[1]), (cfg, swizzled)
+            assert codes.shape == want[0].shape, cfg
+print("ok")
+"""
+
+
+def test_dispatch_blocks_divide_the_intermediate_size():
+    """BC is the largest power of two <= 1024 dividing I (I % 128 == 0), BM * BC the tile, halved at decode
+    sizes while the grid has fewer than two programs per SM; warps: a 16-byte load of each input per thread."""
+    from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
+
+    for i, bc in ((14336, 1024), (17408, 1024), (3584, 512), (4352, 256), (1792, 256), (2176, 128), (1536, 512)):
+        assert act_mul_config(16384, i, 132) == ActMulConfig(2048 // bc, bc, 4)
+        assert i % act_mul_config(1, i, 132).block_cols == 0
+    assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1)  # 112 programs: the most there are
+    for m in (1, 4, 16, 64, 256):
+        cfg = act_mul_config(m, 1792, 132)
+        programs = -(-m // cfg.block_rows) * (1792 // cfg.block_cols)
+        assert programs >= 264 or (cfg.block_rows, cfg.block_cols) == (1, 128), (m, cfg)
+    assert act_mul_config(16384, 96, 132) == ActMulConfig(16, 128, 4)  # masked tail: the power of two over I
+    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8)
+
+
+def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():
+    """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): for the dispatch's
+    tiles and others (one or many rows, 128..512 columns, either grid order, a masked tail block), the unfused
+    y is the same, the fused y is it, and the scale bytes, row-major and F8_128x4 with their zero padding rows,
+    are the reference quant's of that y."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-c", CHECK_KERNEL_LAYOUT], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

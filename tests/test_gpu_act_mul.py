@@ -127,3 +127,45 @@ def test_kernel_within_the_bound_of_the_reference(activation, round_each_op):
     blocks = same_scale.repeat_interleave(32, dim=1) & finite
     step = (e4m3_ordinal(codes.cpu()) - e4m3_ordinal(ref_codes)).abs()
     assert (step[blocks] <= 1).all()
+
+
+DISPATCH_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536, 96]
+"""tools/bench_kernels.py's I (Llama-3.1-8B, a Qwen3.5-27B-sized MLP, their TP shards) and a masked tail."""
+
+
+def every_launch_shape(i: int) -> set:
+    """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
+    count, and the benchmark's other launch shapes (more or fewer values per program, 8 warps, the
+    column-first grid, Triton's own bf16 -> fp32 converts, 16 codes per thread)."""
+    from mxfuse.ops.triton_act_quant import act_mul_config
+
+    sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    out = set()
+    for m in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+        for count in (sm, 8):
+            out.add(act_mul_config(m, i, count))
+            out.add(act_mul_config(m, i, count, tile_values=1024))
+            out.add(act_mul_config(m, i, count, tile_values=4096, max_warps=8))
+            out.add(act_mul_config(m, i, count, cols_first=True))
+            out.add(act_mul_config(m, i, count)._replace(widen="cvt"))
+            out.add(act_mul_config(m, i, count)._replace(code_vector=16))
+    return out
+
+
+@gpu_test
+@pytest.mark.parametrize("i", DISPATCH_IS)
+def test_every_launch_shape_computes_the_same_bits(i):
+    """Any tile (1..16 rows, 128..1024 columns, 1..8 warps, either grid order, either widening) gives the
+    default's bits: codes, scales (both layouts, both rules) and y; the unfused y too."""
+    from mxfuse.ops import triton_act_quant as taq
+
+    x = gate_up_rows(300, i, seed=i)
+    gate, up = x[:, :i], x[:, i:]
+    for swizzled, rule in ((False, 0), (True, 1)):
+        want = taq.act_mul(gate, up, "silu", swizzled=swizzled, emit_y=True, rule=rule)
+        for cfg in every_launch_shape(i):
+            got = taq.act_mul(gate, up, "silu", swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
+            assert_bitwise(got, want, f"I={i} {cfg} swz={swizzled}")
+    y = taq.act_mul(gate, up, "gelu_tanh", quant=False)[2]
+    for cfg in every_launch_shape(i):
+        assert_bitwise(taq.act_mul(gate, up, "gelu_tanh", quant=False, config=cfg)[2], y, f"unfused {cfg}")

@@ -771,6 +771,12 @@ def bench_gated_point(k, m, compiled=None, log=print):
     t("norm_fused_swz", lambda x, z: ops.gated_rms_norm_mxfp8(x, z, w, EPS, GATED_GROUP, True))
     t("norm_unfused", lambda x, z: ops.mxfp8_quantize(ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP)))
     t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
+    from mxfuse.ops import triton_gated_quant as tg  # the other grid order (consecutive programs: a row's groups)
+
+    t(
+        "norm_fused_groupsfirst",
+        lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, groups_first=True),
+    )
     if compiled is not None:
         t("gate_compiled", compiled["gate"])
         t("gate_quant_compiled", compiled["gate_quant"])
@@ -788,8 +794,9 @@ def gated_table(results, copy_tbs) -> str:
         lines += [
             f"\n### {title} -> MXFP8 (bf16; fused vs. the unfused pair, the producer alone, torch.compile)\n",
             "| K | M | fused µs | swizzled µs | TB/s | % copy | unfused pair µs | pair / fused | producer alone µs |"
-            " compiled producer µs | compiled producer+quant µs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            " compiled producer µs | compiled producer+quant µs | alone / fused |"
+            + (" groups-first grid µs |" if prod == "norm" else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if prod == "norm" else ""),
         ]
         for r in results:
             fused = r[f"{prod}_fused"]
@@ -799,7 +806,8 @@ def gated_table(results, copy_tbs) -> str:
                 f"| {r['K']} | {r['M']} | {fused:.2f} | {r[f'{prod}_fused_swz']:.2f} | {rate:.2f} | "
                 f"{100 * rate / copy_tbs:.0f}% | {r[f'{prod}_unfused']:.2f} | {r[f'{prod}_unfused'] / fused:.2f}x | "
                 f"{r[f'{prod}_alone']:.2f} | {r.get(f'{prod}_compiled', float('nan')):.2f} | "
-                f"{r.get(f'{prod}_quant_compiled', float('nan')):.2f} |"
+                f"{r.get(f'{prod}_quant_compiled', float('nan')):.2f} | {r[f'{prod}_alone'] / fused:.2f} |"
+                + (f" {r['norm_fused_groupsfirst']:.2f} |" if prod == "norm" else "")
             )
     return "\n".join(lines)
 
@@ -817,16 +825,41 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
 
 # ----------------------------------------------------------------- act·mul (a section of its own)
 
-ACT_IS = [14336, 17408, 3584, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
-ACT_MS = [1, 16, 256, 4096, 16384]
+ACT_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
+ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant")
+
+
+def _prev_act_config(m, i, sm):
+    """The dispatch before 2026-12-02's sweep: BC the power of two covering I (<= 1024), 1 row (2 above I 4096)."""
+    from mxfuse.ops.triton_act_quant import ActMulConfig
+
+    bc, bm = max(128, min(1024, triton.next_power_of_2(i))), 2 if i > 4096 else 1
+    while -(-m // bm) * -(-i // bc) < 2 * sm and (bm > 1 or bc > 128):
+        bm, bc = (bm // 2, bc) if bm > 1 else (bm, bc // 2)
+    return ActMulConfig(bm, bc, max(1, min(4, bc // 128)), widen="cvt")
+
+
+def act_variants():
+    """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits)."""
+    from mxfuse.ops.triton_act_quant import act_mul_config
+
+    return {
+        "prev": _prev_act_config,
+        "tile1k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=1024),
+        "tile4k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=4096, max_warps=8),
+        "cols": lambda m, i, sm: act_mul_config(m, i, sm, cols_first=True),
+        "cvt": lambda m, i, sm: act_mul_config(m, i, sm)._replace(widen="cvt"),
+        "cv16": lambda m, i, sm: act_mul_config(m, i, sm)._replace(code_vector=16),
+    }
 
 
 def act_mul_point(i, m, compiled, liger, log=print):
     """µs of act·mul (SiLU, gate_up `[M, 2I]` bf16) at one (I, M): the fused op (both layouts), the
     unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul kernel),
-    `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, and Liger's
-    SiLU·mul on two contiguous halves alone and followed by the quant."""
+    `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
+    SiLU·mul on two contiguous halves alone and followed by the quant, and the fused op (row-major)
+    in each of `act_variants()`'s launch shapes ("v:<name>")."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
 
     n = n_input_sets(2 * m * 2 * i)
@@ -834,6 +867,8 @@ def act_mul_point(i, m, compiled, liger, log=print):
     sets = [(torch.randn(m, 2 * i, device="cuda", dtype=DT, generator=g),) for _ in range(n)]
     halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
     res = {"I": i, "M": m}
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    res["default_cfg"] = list(taq.act_mul_config(m, i, sm))
 
     def t(name, fn, inputs):
         try:
@@ -842,8 +877,8 @@ def act_mul_point(i, m, compiled, liger, log=print):
             log(f"  act_mul {name} I={i} M={m} FAILED: {type(e).__name__}: {e}")
             res[name] = float("nan")
 
-    def fused(x, swizzled=False):
-        return taq.act_mul(x[:, :i], x[:, i:], "silu", swizzled=swizzled)
+    def fused(x, swizzled=False, config=None):
+        return taq.act_mul(x[:, :i], x[:, i:], "silu", swizzled=swizzled, config=config)
 
     def unfused(x):
         return tnq.quantize(taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False)[2], False)
@@ -852,6 +887,10 @@ def act_mul_point(i, m, compiled, liger, log=print):
     t("fused_swz", lambda x: fused(x, True), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False), sets)
+    for name, pick in act_variants().items():
+        cfg = pick(m, i, sm)
+        res[f"cfg:{name}"] = list(cfg[:3])
+        t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
     if liger is not None:
@@ -863,8 +902,9 @@ def act_mul_point(i, m, compiled, liger, log=print):
 
 
 def act_mul_table(results, copy_tbs):
-    """Markdown: µs per column, the fused op's TB/s (5.03·M·I bytes) and its ratios."""
-    head = "| I | M | " + " | ".join(ACT_COLUMNS) + " | fused TB/s | % copy | act / fused | unfused / fused |"
+    """Markdown: µs per column, the fused op's TB/s (5.03·M·I bytes) and its ratios (> 1: the fused op faster)."""
+    ratios = " | act / fused | liger / fused | compiled / fused | unfused / fused |"
+    head = "| I | M | " + " | ".join(ACT_COLUMNS) + " | fused TB/s | % copy" + ratios
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         i, m = r["I"], r["M"]
@@ -874,8 +914,22 @@ def act_mul_table(results, copy_tbs):
             f"| {i} | {m} | "
             + " | ".join(f"{r[c]:.1f}" for c in ACT_COLUMNS)
             + f" | {tbs(nbytes, f):.2f} | {100 * tbs(nbytes, f) / copy_tbs:.0f} | {r['act'] / f:.2f} | "
-            + f"{r['unfused'] / f:.2f} |"
+            + f"{r['liger'] / f:.2f} | {r['compiled'] / f:.2f} | {r['unfused'] / f:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def act_variant_table(results, copy_tbs):
+    """Markdown: the fused op (row-major) in the default launch shape and each variant's, µs; % of the copy."""
+    names = [k for k in results[0] if k.startswith("v:")] if results else []
+    head = "| I | M | default (BM, BC, warps) | default | " + " | ".join(n[2:] for n in names) + " | best % copy |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        nbytes = 2 * r["M"] * 2 * r["I"] + r["M"] * r["I"] + r["M"] * scale_columns(r["I"])
+        best = min(r["fused"], *(r[n] for n in names))
+        cfg = tuple(r["default_cfg"][:3])
+        lines.append(f"| {r['I']} | {r['M']} | {cfg} | {r['fused']:.1f} | " + " | ".join(f"{r[n]:.1f}" for n in names)
+                     + f" | {100 * tbs(nbytes, best) / copy_tbs:.0f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -901,12 +955,17 @@ def act_mul_bench(out, copy_tbs, ms, log=print):
             r = act_mul_point(i, m, compiled, liger, log)
             log(json.dumps(r))
             results.append(r)
-    text = "### act·mul (SiLU) -> MXFP8, µs per call\n\n" + act_mul_table(results, copy_tbs)
+    text = (
+        "### act·mul (SiLU) -> MXFP8, µs per call\n\n" + act_mul_table(results, copy_tbs)
+        + "\n\n### the fused op's launch shapes (row-major, µs per call)\n\n" + act_variant_table(results, copy_tbs)
+    )  # fmt: skip
     print(text, flush=True)
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "act_mul_bench.md"), "w") as f:
             f.write(text + "\n")
+        with open(os.path.join(out, "act_mul_bench.json"), "w") as f:
+            json.dump({"copy_tbs": copy_tbs, "results": results}, f, indent=1)
     return results
 
 
@@ -969,6 +1028,8 @@ def main(argv=None):
     gated_ks, ms = [int(v) for v in args.gated_ks.split(",")], [int(v) for v in args.ms.split(",")]
     if args.only_gated:
         print(gated_section(gated_ks, ms, copy_tbs, not args.no_compiled)[1], flush=True)
+        if args.act_mul is None:
+            return 0
 
     if args.act_mul == "only":
         act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])

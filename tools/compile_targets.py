@@ -174,23 +174,24 @@ def gemm_cases(isa: str, exhaustive: bool = False) -> list[Case]:
 
 def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     """The act·mul kernel (I 1792: a TP-8 shard of 14336): at M 4096 every activation fused (swizzled,
-    torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU.
-    `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
+    torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
+    the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
+    1..16 rows). `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
 
     forms = [(True, True), (False, True), (True, False)]  # (quant, round_each_op)
     if exhaustive:
-        plan = [(m, act, f) for m in (1, 2, 4096) for act in ACTIVATIONS for f in forms]
+        plan = [(m, 1792, act, f) for m in (1, 2, 4096) for act in ACTIVATIONS for f in forms]
     else:
-        plan = [(4096, act, forms[0]) for act in ACTIVATIONS]
-        plan += [(4096, "silu", forms[1]), (4096, "swiglu_oai", forms[2]), (1, "silu", forms[0])]
+        plan = [(4096, 1792, act, forms[0]) for act in ACTIVATIONS]
+        plan += [(4096, 1792, "silu", forms[1]), (4096, 1792, "swiglu_oai", forms[2]), (1, 1792, "silu", forms[0])]
+    plan += [(16384, i, "silu", forms[0]) for i in (14336, 3584, 2176)]  # 2 x 1024, 4 x 512, 16 x 128
     cases = []
-    i = 1792
-    for m, act, (quant, round_each_op) in plan:
+    for m, i, act, (quant, round_each_op) in plan:
         _, launch = taq.act_mul_launch(
             _meta(m, i), _meta(m, i), act, isa=isa, quant=quant, swizzled=quant, rule=QuantRule.TORCHAO,
-            round_each_op=round_each_op,
+            round_each_op=round_each_op, config=taq.act_mul_config(m, i, 132),
         )  # fmt: skip
         if launch is None:
             continue

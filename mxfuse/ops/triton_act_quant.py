@@ -2,11 +2,11 @@
 
 One kernel, :func:`_act_mul_kernel`: an act·mul prologue (load a `[BM, BC]` tile of gate
 and of up, compute `act(gate) * up`, round to the dtype) composed with the MXFP8 epilogue
-of the norm kernels (`_mx_quant_tile`, `_store_scales`: the same code, so the same bits).
-`QUANT` off is the unfused `act_mul` (it stores y); on, the fused op (codes + scales, y
-with `EMIT_Y`). Fused == unfused bitwise on a device by construction: one prologue, and the
-quant of the rounded y is the standalone quant's (elementwise but for the block amax,
-whose `max` is order-free).
+of every producer kernel (:func:`mxfuse.ops.triton_mx_quant._mx_epilogue`: the same code as
+the norms' and the standalone quant's, so the same bits). `QUANT` off is the unfused
+`act_mul` (it stores y); on, the fused op (codes + scales, y with `MX.EMIT_Y`). Fused ==
+unfused bitwise on a device by construction: one prologue, and the quant of the rounded y
+is the standalone quant's (elementwise but for the block amax, whose `max` is order-free).
 
 Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 
@@ -18,19 +18,44 @@ Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 - GELU-tanh is torch's formula with torch's constants,
   ``0.5 * x * (1 + tanh(kBeta * (x + 0.044715 * (x * x * x))))``;
 - ``ROUND_EACH_OP`` rounds every op's result to the dtype exactly where the reference does
-  (:func:`mxfuse.ops.activations.act_mul_rows`); clamps are NaN-propagating (torch's clamp).
+  (:func:`mxfuse.ops.activations.act_mul_rows`); clamps are NaN-propagating (torch's clamp);
+- bf16 on NVIDIA (``ActMulConfig.widen`` "shift", the default): the gate is widened to fp32 by
+  moving its bits (two integer ops per pair of values), and the rounded product ``a * up`` of two
+  bf16 values is one ``mul.rn.bf16x2`` (the fp32 product of two bf16 values is exact, so its
+  rounding to bf16 is the correctly rounded bf16 product), widened the same way; the quant reads
+  that fp32 y directly. The same values as ``.to(float32)`` and the fp32 multiply ("cvt"), in
+  1.5 fewer instructions per value (the kernel is close to issue-bound: docs/perf_notes.md).
 
 Against torch's own CUDA functions the only difference is the last bit or two of an
 fp32 ``exp`` / ``tanh``; docs/design.md ("act·mul producers") states the bound and
 tests/test_gpu_act_mul.py checks it.
 
-Tiling: a 2-D grid over (row blocks, column blocks of the I dimension); BC columns
-(a power of two, 128..1024: 4 scale columns at least, so the swizzled layout's padding
-columns are covered by the last column block) and BM rows (:func:`act_mul_config`),
-halved while the grid would leave SMs idle (decode sizes). Every tile computes the same
-bits, so the choice is free (batch invariance). Swizzled scales: after the tiles of the M
-real rows, a few programs per column block only store the zero scale bytes of the padding
-rows up to pad128(M) (no loads, no memset).
+Masked lanes (rows past M, columns past I) load zeros, and every activation maps a zero
+gate and a zero up to y = +0 (SiLU 0 / 2, GELU 0.5 * 0 * 1, the clamped forms with their
+finite limit), so their blocks quantize to zero codes and scale byte 0 without a select;
+the clamped forms keep one (their `limit` is a runtime value).
+
+**The dispatch** (:func:`act_mul_config`, a function of I, M and the SM count). The kernel
+moves 5.03 bytes a value and issues ~34 instructions a value (sm_90: the bit contract's
+`expf` and `div_rn` are 19 of them), so at the copy's rate it keeps ~87% of the issue slots
+busy: it runs near the copy only if no lane is masked off and every program has enough
+independent work. BC is the largest power of two up to 1024 that divides I (I % 128 == 0:
+1024 at 14336 and 17408, 512 at 3584 and 1536, 256 at 1792 and 4352, 128 at 2176), so no
+column block is partly empty (1024 columns at I 1792 left a quarter of every second block
+idle), and BM = TILE_VALUES / BC rows, so every program holds 2048 values (16 per thread on
+4 warps, ~10 KB moved) whatever the width: narrow shards get several rows per program
+instead of one short one. Measured on the H200 (docs/perf_notes.md, run 10): 82-85% of the
+copy at M 16384 for every I from 1536 to 17408 (the previous power-of-two-covering dispatch:
+53-64% at I 1536-2176); 1024 or 4096 values per program, 8 warps, or a column-first grid are
+no faster. At decode sizes (fewer than two programs per SM) BM, then BC, is halved down to
+128 columns so that the grid still covers the SMs. An I that is no multiple of 128 keeps the
+power of two covering it (masked tail; the swizzled layout's padding scale columns then fall
+inside the last block). Every tile computes the same bits (the arithmetic is elementwise and
+the block max order-free), so the choice is free (batch invariance), and `config=` takes any
+`ActMulConfig` (the benchmark's variants, the GPU tests).
+
+Swizzled scales: after the tiles of the M real rows, a few programs per column block only
+store the zero scale bytes of the padding rows up to pad128(M) (no loads, no memset).
 
 Importing this module compiles nothing; kernels compile on the first launch.
 """
@@ -45,11 +70,17 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_mx_quant import _mx_quant_tile, _store_scales, out_views, row_stride, rule_name
-from mxfuse.ops.triton_norm_quant import _sm_count
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
+from mxfuse.ops.triton_mx_quant import (
+    MxSpec,
+    _mx_epilogue,
+    _store_scales,
+    mx_dst,
+    producer_outputs,
+    row_stride,
+    rule_name,
+)
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, sm_count as device_sm_count
 
 __all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch"]
 
@@ -61,30 +92,52 @@ GELU_KAPPA = tl.constexpr(0.044715)
 MIN_BLOCK_COLS = 128
 """4 scale columns: the F8_128x4 layout's column padding is then inside the last block."""
 MAX_BLOCK_COLS = 1024
-WIDE_I = 4096
-"""From this I on, two rows per tile at large M (measured on the H200: docs/design.md, "act·mul producers")."""
+TILE_VALUES = 2048
+"""Values per program at large M (BM * BC): 16 per thread on 4 warps."""
+MAX_WARPS = 4
+VALUES_PER_WARP = 256
+"""8 values (one 16-byte load of each input) per thread at least."""
+MAX_GRID_Y = 65535
+"""CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
 SCALE_PAD_ROWS = 128
 """Rows of swizzled-scale padding one padding program zeroes (per column block)."""
+WIDENINGS = ("shift", "cvt")
+CODE_VECTORS = (8, 16)
 
 
 class ActMulConfig(NamedTuple):
-    """Launch shape of the act·mul kernel (any value computes the same bits)."""
+    """Launch shape of the act·mul kernel (any value computes the same bits).
+
+    `cols_first`: the grid's first axis walks the column blocks of a row tile (consecutive
+    programs read consecutive bytes of the same rows) instead of the row tiles of a column block."""
 
     block_rows: int
     block_cols: int
     num_warps: int
+    cols_first: bool = False
+    widen: str = "shift"
+    """bf16 -> fp32 of the gate and of y: "shift" (NVIDIA: two bit operations per pair) or "cvt" (Triton's)."""
+    code_vector: int = 8
+    """Contiguous values per thread the quant's code store is laid out for (`MxSpec.CODE_VECTOR`: 8 or 16)."""
 
 
-def act_mul_config(m: int, i: int, sm_count: int) -> ActMulConfig:
-    """`[BM, BC]` tiles of 8 values per thread (16 for I > 4096): BC = 1024 columns on 4 warps,
-    halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM.
+def block_cols(i: int) -> int:
+    """Columns of a tile: the largest power of two <= 1024 dividing I (I % 128 == 0), else the power of
+    two covering I, 128 .. 1024."""
+    if i % MIN_BLOCK_COLS == 0:
+        return min(MAX_BLOCK_COLS, i & -i)
+    return max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
 
-    Measured on the H200 (one run of tools/bench_kernels.py with config variants): 8-16 values
-    per thread beat 32 by 15-35% at M >= 4096 (the quant's per-block reduction keeps more
-    registers live), and 1024-column blocks beat 256..512 even where I is no multiple of 1024.
-    """
-    bc = max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
-    bm = 2 if i > WIDE_I else 1
+
+def act_mul_config(
+    m: int, i: int, sm_count: int, *, tile_values: int = TILE_VALUES, max_warps: int = MAX_WARPS,
+    cols_first: bool = False,
+) -> ActMulConfig:  # fmt: skip
+    """`[BM, BC]` tiles of `tile_values` values (the module docstring: BC divides I, BM = tile / BC),
+    halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM;
+    warps: one per 256 values, at most `max_warps`."""
+    bc = block_cols(i)
+    bm = max(1, tile_values // bc)
 
     def programs(bm: int, bc: int) -> int:
         return triton.cdiv(max(1, m), bm) * triton.cdiv(i, bc)
@@ -94,7 +147,7 @@ def act_mul_config(m: int, i: int, sm_count: int) -> ActMulConfig:
             bm //= 2
         else:
             bc //= 2
-    return ActMulConfig(bm, bc, max(1, min(4, bc // 128)))
+    return ActMulConfig(bm, bc, max(1, min(max_warps, bm * bc // VALUES_PER_WARP)), cols_first)
 
 
 @triton.jit
@@ -106,52 +159,104 @@ def _round(v, DTYPE: tl.constexpr, ON: tl.constexpr):
 
 
 @triton.jit
-def _exp_neg(x):
-    return libdevice.exp(-x)
+def _exp_neg(x, PRECISE: tl.constexpr):
+    """fp32 `exp(-x)`: libdevice's on a GPU; `tl.exp` only in Triton's CPU interpreter, which has no
+    libdevice (and is never used to claim bits: tests/test_act_mul_ops.py checks index math there)."""
+    if PRECISE:
+        return libdevice.exp(-x)
+    else:
+        return tl.exp(-x)
 
 
 @triton.jit
-def _silu(x):
-    return tl.math.div_rn(x, 1.0 + _exp_neg(x))
+def _tanh(x, PRECISE: tl.constexpr):
+    if PRECISE:
+        return libdevice.tanh(x)
+    else:
+        return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
 
 
 @triton.jit
-def _act_mul_tile(g, u, alpha, limit, ACT: tl.constexpr, ROUND: tl.constexpr, DTYPE: tl.constexpr):
-    """`act(g) * u` of fp32 tiles, rounded to DTYPE and widened back (the value y holds)."""
+def _silu(x, PRECISE: tl.constexpr):
+    return tl.math.div_rn(x, 1.0 + _exp_neg(x, PRECISE))
+
+
+@triton.jit
+def _widen(v, WIDEN: tl.constexpr):
+    """bf16 -> fp32 (exact): WIDEN "shift" on NVIDIA puts each value's bits in the high half of a register,
+    two values per 32-bit pair in two instructions (the default `cvt` path takes a PRMT and a shift for the
+    high value); "cvt" is `.to(float32)`."""
+    if WIDEN == "shift" and v.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
+            "=r,=r,r",
+            [v],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _mul_widen_bf16(a, u):
+    """`(a * u).to(bf16).to(float32)` of bf16 operands: `mul.rn.bf16x2` (the product of two bf16 values is
+    exact in fp32, so one correctly rounded bf16 multiply is the same value), widened by shifts."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 p; mul.rn.bf16x2 p, $2, $3; shl.b32 $0, p, 16; and.b32 $1, p, 0xffff0000; }",
+        "=r,=r,r,r",
+        [a, u],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _act_mul_tile(
+    g,
+    u,
+    alpha,
+    limit,
+    ACT: tl.constexpr,
+    ROUND: tl.constexpr,
+    DTYPE: tl.constexpr,
+    PRECISE: tl.constexpr,
+    WIDEN_Y: tl.constexpr,
+):
+    """`act(g) * u` of fp32 tiles, rounded to DTYPE and widened back (the value y holds; WIDEN_Y: how, see
+    `_widen`; "cvt" where y is stored, so that the compiler keeps the product in the dtype)."""
     if ACT == 0:  # silu
-        a = _round(_silu(g), DTYPE, ROUND)
+        a = _round(_silu(g, PRECISE), DTYPE, ROUND)
     elif ACT == 1:  # gelu_tanh
         inner = GELU_BETA * (g + GELU_KAPPA * (g * g * g))
-        a = _round((0.5 * g) * (1.0 + libdevice.tanh(inner)), DTYPE, ROUND)
+        a = _round((0.5 * g) * (1.0 + _tanh(inner, PRECISE)), DTYPE, ROUND)
     elif ACT == 2:  # swiglu_step
-        a = _round(_silu(g), DTYPE, ROUND)
+        a = _round(_silu(g, PRECISE), DTYPE, ROUND)
         a = _round(tl.minimum(a, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
         u = _round(tl.clamp(u, -limit, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
     else:  # swiglu_oai
         g = _round(tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
-        s = _round(tl.math.div_rn(1.0, 1.0 + _exp_neg(_round(g * alpha, DTYPE, ROUND))), DTYPE, ROUND)
+        s = _round(tl.math.div_rn(1.0, 1.0 + _exp_neg(_round(g * alpha, DTYPE, ROUND), PRECISE)), DTYPE, ROUND)
         a = _round(g * s, DTYPE, ROUND)
         u = _round(tl.clamp(u, -limit, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
         u = _round(u + 1.0, DTYPE, ROUND)
-    return (a * u).to(DTYPE).to(tl.float32)
+    if ROUND and WIDEN_Y == "shift" and DTYPE.is_bf16():  # a and u hold bf16 values
+        return _mul_widen_bf16(a.to(DTYPE), u.to(DTYPE))
+    else:
+        return (a * u).to(DTYPE).to(tl.float32)
 
 
 @triton.jit
 def _zero_scale_padding(
-    sc_ptr,
-    p,
-    first_row,
-    scale_rows,
-    scale_cols,
-    scale_cols_padded,
-    BC: tl.constexpr,
-    PAD: tl.constexpr,
+    sc_ptr, p, cb, first_row, scale_rows, scale_cols, scale_cols_padded, BC: tl.constexpr, PAD: tl.constexpr,
     ISA: tl.constexpr,
-):
-    """Zero the F8_128x4 scales of padding rows `first_row + p * PAD ...` (< scale_rows) in this
-    column block: rows no tile of real rows covers, so no program loads or computes for them."""
+):  # fmt: skip
+    """Zero the F8_128x4 scales of padding rows `first_row + p * PAD ...` (< scale_rows) in column
+    block `cb`: rows no tile of real rows covers, so no program loads or computes for them."""
     rows = first_row + p.to(tl.int64) * PAD + tl.arange(0, PAD)
-    scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
+    scols = cb * (BC // 32) + tl.arange(0, BC // 32)
     zeros = tl.zeros([PAD, BC // 32], tl.int32)
     _store_scales(sc_ptr, zeros, rows, scols, scale_rows, scale_cols, scale_cols_padded, 0, True, "tl_store", ISA)
 
@@ -160,66 +265,57 @@ def _zero_scale_padding(
 def _act_mul_kernel(
     g_ptr,
     u_ptr,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
+    dst,
     M,
     scale_rows,
     n_tiles,
     I,  # noqa: E741  (the MLP's intermediate size, as the papers name it)
     stride_g,
     stride_u,
-    stride_y,
-    stride_q,
-    stride_s,
-    scale_cols,
-    scale_cols_padded,
     alpha,
     limit,
     ACT: tl.constexpr,
     ROUND_EACH_OP: tl.constexpr,
     QUANT: tl.constexpr,
-    EMIT_Y: tl.constexpr,
-    SWIZZLED: tl.constexpr,
     BM: tl.constexpr,
     BC: tl.constexpr,
-    RULE: tl.constexpr,
+    ROW_AXIS: tl.constexpr,
     PAD_ROWS: tl.constexpr,
-    ISA: tl.constexpr,
+    MX: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
+    row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
+    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+    pid = tl.program_id(ROW_AXIS)
+    cb = tl.program_id(1 - ROW_AXIS)
     if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)
-        if SWIZZLED:
-            _zero_scale_padding(
-                sc_ptr, pid - n_tiles, n_tiles * BM, scale_rows, scale_cols, scale_cols_padded, BC, PAD_ROWS, ISA
-            )
+        if MX.SWIZZLED:
+            _zero_scale_padding(dst.sc_ptr, pid - n_tiles, cb, n_tiles * BM, scale_rows, dst.scale_cols,
+                                dst.scale_cols_padded, BC, PAD_ROWS, ISA)  # fmt: skip
     else:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
-        cols = tl.program_id(1) * BC + tl.arange(0, BC)
+        cols = cb * BC + tl.arange(0, BC)
         r2 = rows[:, None]
         c2 = cols[None, :]
         mask = (r2 < M) & (c2 < I)
         g = tl.load(g_ptr + r2 * stride_g + c2, mask=mask, other=0.0, eviction_policy="evict_first")
         u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
-        dtype: tl.constexpr = y_ptr.dtype.element_ty
-        y = _act_mul_tile(g.to(tl.float32), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype)
-        if EMIT_Y or not QUANT:
-            tl.store(y_ptr + r2 * stride_y + c2, y.to(dtype), mask=mask)
-        if QUANT:
-            y = tl.where(mask, y, 0.0)  # masked rows / columns: zero blocks, scale byte 0
-            codes, sb = _mx_quant_tile(y, BM, BC, "hw", RULE, ISA)
-            tl.store(q_ptr + r2 * stride_q + c2, codes, mask=mask)
-            scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
-            _store_scales(
-                sc_ptr, sb, rows, scols, scale_rows, scale_cols, scale_cols_padded, stride_s, SWIZZLED, "in_place", ISA
-            )
-
-
-def _check_rows(name: str, t: torch.Tensor):
-    if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(
-            f"triton_act_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}"
+        dtype: tl.constexpr = g.dtype
+        WIDEN_Y: tl.constexpr = WIDEN if QUANT and not MX.EMIT_Y else "cvt"
+        y = _act_mul_tile(
+            _widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, PRECISE_EXP, WIDEN_Y
         )
+        if QUANT:
+            if ACT >= 2:  # the clamped forms' limit is a runtime value: zero the masked lanes whatever it is
+                y = tl.where(mask, y, 0.0)
+            # y holds dtype values in fp32: quantized as it is (a round trip through the dtype would cost a
+            # convert per value where the compiler cannot see that y is exact), stored as the dtype
+            y_out = y.to(dtype) if MX.EMIT_Y else y
+            _mx_epilogue(y, y_out, rows, cols, mask, cb * (BC // 32), I, dst, scale_rows, BM, BC, MX)
+        else:
+            tl.store(dst.y_ptr + r2 * I + c2, y.to(dtype), mask=mask)
 
 
 def act_mul_launch(
@@ -240,52 +336,45 @@ def act_mul_launch(
     """`((codes, scales, y), launch)` without running it (quant False: codes / scales None,
     y always). gate / up: `[M, I]` with a unit last stride (e.g. the two halves of a
     `[M, 2I]` gate_up: any row stride). Outputs on gate's device (a meta device works)."""
-    _check_rows("gate", gate)
-    _check_rows("up", up)
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"triton_act_quant: gate {tuple(gate.shape)} and up {tuple(up.shape)} must match")
     if activation not in ACTIVATION_IDS:
         raise ValueError(f"triton_act_quant: activation {activation!r} is not one of {', '.join(ACTIVATION_IDS)}")
-    m, i = gate.shape
-    if i % 32:
-        raise ValueError(f"triton_act_quant: I={i} is not a multiple of 32")
-    dev = gate.device
     swizzled = bool(quant and swizzled)
-    y = torch.empty((m, i), dtype=gate.dtype, device=dev) if (emit_y or not quant) else None
-    codes: torch.Tensor | None = None
-    scales: torch.Tensor | None = None
-    if quant:
-        codes, scales = out_views(m, i, swizzled, dev, None, None)
-    outputs = (codes, scales, y)
+    outputs, scale_rows = producer_outputs(
+        "triton_act_quant", ("gate", gate), ("up", up), quant=quant, swizzled=swizzled, emit_y=emit_y, what="I"
+    )
+    codes, scales, y = outputs
     rule_key = rule_name(rule)
-    scale_rows = padded_rows(m) if swizzled else m
+    m, i = gate.shape
+    dev = gate.device
     if scale_rows == 0 or i == 0:
         return outputs, None
-    cfg = config or act_mul_config(m, i, _sm_count(dev))
+    cfg = config or act_mul_config(m, i, device_sm_count(dev))
+    if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
+        raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     n_tiles = triton.cdiv(m, cfg.block_rows)
     n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
-    grid = (n_tiles + n_pad, triton.cdiv(i, cfg.block_cols))
-    s = scale_columns(i)
+    row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
+    grid = [n_tiles + n_pad, triton.cdiv(i, cfg.block_cols)]
+    if row_axis:
+        grid.reverse()
     y_arg = y if y is not None else gate
-    args = (
-        gate, up, y_arg, codes if quant else gate, scales if quant else gate,
-        m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), row_stride(y_arg, i),
-        row_stride(codes, i) if codes is not None else i, row_stride(scales, s) if scales is not None else s,
-        s, padded_scale_columns(i), float(alpha), float(limit),
-    )  # fmt: skip
+    dst = mx_dst(y_arg, codes, scales, i) if quant else mx_dst(y_arg, gate, gate, i)
+    args = (gate, up, dst, m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), float(alpha),
+            float(limit))  # fmt: skip
+    spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector)
     constexprs = dict(
         ACT=ACTIVATION_IDS[activation],
         ROUND_EACH_OP=bool(round_each_op),
         QUANT=bool(quant),
-        EMIT_Y=bool(emit_y and quant),
-        SWIZZLED=swizzled,
         BM=cfg.block_rows,
         BC=cfg.block_cols,
-        RULE=rule_key,
+        ROW_AXIS=row_axis,
         PAD_ROWS=SCALE_PAD_ROWS,
-        ISA=isa,
+        MX=spec,
+        PRECISE_EXP=dev.type != "cpu",
+        WIDEN=cfg.widen if isa == "ptx" else "cvt",
     )
-    return outputs, KernelLaunch(_act_mul_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+    return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False)
 
 
 def act_mul(

@@ -13,11 +13,12 @@ Design
 ======
 
 A prologue computes the producer's `y` of a tile in fp32 and rounds it to the dtype; the
-MXFP8 epilogue is rewrite 1's own (`_mx_quant_tile`, `_store_scales` of
-:mod:`mxfuse.ops.triton_norm_quant`), reading the ROUNDED `y`. The unfused op is the same
+MXFP8 epilogue is every producer's (:func:`mxfuse.ops.triton_mx_quant._mx_epilogue`, the
+norms' and the standalone quant's code), reading the ROUNDED `y`. The unfused op is the same
 kernel with `QUANT` False storing `y` instead, so fused == unfused + `mxfp8_quantize`
 bitwise on the device by construction (the quant kernel computes the same E8M0 function on
-the same bf16 values).
+the same bf16 values). The launch checks and outputs are the act·mul kernel's
+(:func:`mxfuse.ops.triton_mx_quant.producer_outputs`).
 
 Arithmetic (compiled without FMA contraction):
 
@@ -26,14 +27,21 @@ Arithmetic (compiled without FMA contraction):
   `sigmoid` / `silu` kernels compute (`one / (one + std::exp(-x))` in fp32), bit for bit on
   the elementwise part.
 - the gated norm's mean square: a `[BM, GP]` tile holds whole groups (GP = the group padded
-  to a power of two, >= 128), summed by `tl.sum` (order fixed by the config, which depends on
-  the group size alone: batch invariant), divided by G with `div_rn`; `1/sqrt` is
+  to a power of two, >= 128), summed by the fixed pairwise tree of the norm kernels
+  (`_pairwise_sum`: the same order for any layout, BM or grid, so fused == unfused and batch
+  invariance hold whatever the tile), divided by G with `div_rn`; `1/sqrt` is
   `rsqrt.approx.f32` on NVIDIA (what torch's CUDA `rsqrt` and Inductor compute) and
   `tl.math.rsqrt` elsewhere.
 
 Grids: the gate is elementwise: `[BM, BC]` tiles of `quant_config`. The gated norm: one
-program per BM rows and one group (`(cdiv(rows, BM), K / G)`); a group's padding lanes and
-the swizzled layout's padding rows compute from zeros, and the last group also stores the
+program per BM rows and one group, row tiles first (`(cdiv(rows, BM), K / G)`; groups first,
+`groups_first=True`, measured 0-3% slower on the H200: docs/perf_notes.md, run 10); a group's
+padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
+rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, so that the SiLU's
+`z / (1 + exp(-z))` of a masked lane takes the divide's fast path: a zero numerator sends
+`div.rn.f32` to its slow path (a serialized subroutine per value), which made the mostly
+masked tiles of small M slower than full ones (4.9 µs at M 1 against 3.3 at M 64); x = 0
+keeps every stored value and the sum of squares as they were. The last group also stores the
 zero scale columns past K/32 up to the F8_128x4 padding.
 """
 
@@ -44,10 +52,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
 from mxfuse.ops.norm_quant_config import next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_mx_quant import _mx_quant_tile, _store_scales, check2d, check_k, out_views, rule_name
+from mxfuse.ops.triton_mx_quant import MxDst, MxSpec, _mx_epilogue, _store_scales, mx_dst, producer_outputs, rule_name
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
@@ -57,6 +64,12 @@ MIN_GROUP_TILE = 128
 """Columns of a group's tile at least (a multiple of 4 scale columns)."""
 TILE_VALUES = 4096
 """Values per program of the gated norm (BM = TILE_VALUES / GP rows, at least 1)."""
+GATE_CODE_VECTOR = 16
+"""The gate's codes per thread (`MxSpec.CODE_VECTOR`): its `quant_config` tiles of 16 values a thread then
+hold half a block each (one shuffle per amax, one 16-byte code store), the layout it had before it shared the
+epilogue (sm_90 SASS: 712 instructions against 752 with 8)."""
+MAX_GRID_Y = 65535
+"""CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
 
 
 # --------------------------------------------------------------------------- prologues
@@ -98,43 +111,6 @@ def _rsqrt(v, ISA: tl.constexpr):
         return tl.math.rsqrt(v)
 
 
-@triton.jit
-def _store_or_quantize(
-    y,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
-    rows,
-    cols,
-    scols,
-    mask,
-    M,
-    K,
-    scale_rows,
-    scale_cols,
-    scale_cols_padded,
-    QUANT: tl.constexpr,
-    EMIT_Y: tl.constexpr,
-    SWIZZLED: tl.constexpr,
-    BM: tl.constexpr,
-    BC: tl.constexpr,
-    QUANT_OPS: tl.constexpr,
-    SCALE_STORE: tl.constexpr,
-    RULE: tl.constexpr,
-    ISA: tl.constexpr,
-):
-    """The epilogue: store the rounded `y` tile (unfused, or EMIT_Y) and / or its MXFP8 codes and scales."""
-    offs = rows[:, None] * K + cols[None, :]
-    if EMIT_Y or not QUANT:
-        tl.store(y_ptr + offs, y, mask=mask)
-    if QUANT:
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
-        tl.store(q_ptr + offs, codes, mask=mask)
-        sb = tl.where((rows < M)[:, None], sb, 0)  # padding rows of F8_128x4: zero (even where y is NaN)
-        _store_scales(sc_ptr, sb, rows, scols, scale_rows, scale_cols, scale_cols_padded, scale_cols, SWIZZLED,
-                      SCALE_STORE, ISA)  # fmt: skip
-
-
 # --------------------------------------------------------------------------- kernels
 
 
@@ -142,26 +118,17 @@ def _store_or_quantize(
 def _gate_kernel(
     x_ptr,
     g_ptr,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
+    dst,
     M,
     scale_rows,
     K,
     stride_x,
     stride_g,
-    scale_cols,
-    scale_cols_padded,
     QUANT: tl.constexpr,
-    EMIT_Y: tl.constexpr,
-    SWIZZLED: tl.constexpr,
     ROUND_GATE: tl.constexpr,
     BM: tl.constexpr,
     BC: tl.constexpr,
-    QUANT_OPS: tl.constexpr,
-    SCALE_STORE: tl.constexpr,
-    RULE: tl.constexpr,
-    ISA: tl.constexpr,
+    MX: tl.constexpr,
     PRECISE_EXP: tl.constexpr,
 ):
     """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE)."""
@@ -173,11 +140,12 @@ def _gate_kernel(
     s = _sigmoid(g.to(tl.float32), BM, BC, PRECISE_EXP)
     if ROUND_GATE:
         s = s.to(x.dtype).to(tl.float32)
-    y = (x.to(tl.float32) * s).to(x.dtype)
-    scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
-    _store_or_quantize(y, y_ptr, q_ptr, sc_ptr, rows, cols, scols, mask, M, K, scale_rows, scale_cols,
-                       scale_cols_padded, QUANT, EMIT_Y, SWIZZLED, BM, BC, QUANT_OPS, SCALE_STORE, RULE,
-                       ISA)  # fmt: skip
+    yf = x.to(tl.float32) * s
+    y = yf.to(x.dtype)
+    if QUANT:  # padding rows of F8_128x4 load zeros: y = 0, scale byte 0
+        _mx_epilogue(yf, y, rows, cols, mask, tl.program_id(1) * (BC // 32), K, dst, scale_rows, BM, BC, MX)
+    else:
+        tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "scale_rows"])
@@ -185,17 +153,13 @@ def _gated_norm_kernel(
     x_ptr,
     z_ptr,
     w_ptr,
-    y_ptr,
-    q_ptr,
-    sc_ptr,
+    dst,
     M,
     scale_rows,
     K,
     stride_x,
     stride_z,
     group_size,
-    scale_cols,
-    scale_cols_padded,
     eps,
     G: tl.constexpr,
     GP: tl.constexpr,
@@ -205,23 +169,21 @@ def _gated_norm_kernel(
     ROUND_NORMALIZED: tl.constexpr,
     ROUND_WEIGHTED: tl.constexpr,
     QUANT: tl.constexpr,
-    EMIT_Y: tl.constexpr,
-    SWIZZLED: tl.constexpr,
     BM: tl.constexpr,
-    QUANT_OPS: tl.constexpr,
-    SCALE_STORE: tl.constexpr,
-    RULE: tl.constexpr,
-    ISA: tl.constexpr,
+    ROW_AXIS: tl.constexpr,
+    MX: tl.constexpr,
     PRECISE_EXP: tl.constexpr,
 ):
-    """The gated RMSNorm of BM rows' group `program_id(1)` (G values, padded to GP lanes)."""
-    group = tl.program_id(1)
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
+    padded to GP lanes)."""
+    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+    group = tl.program_id(1 - ROW_AXIS)
+    rows = tl.program_id(ROW_AXIS).to(tl.int64) * BM + tl.arange(0, BM)
     j = tl.arange(0, GP)
     cols = group * G + j
     mask = (rows < M)[:, None] & (j < G)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # the divide's fast path
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
     act = _gate_activation(z.to(tl.float32), ACTIVATION, BM, GP, PRECISE_EXP)
@@ -240,31 +202,26 @@ def _gated_norm_kernel(
         out = out.to(x.dtype).to(tl.float32)
     if NORM_BEFORE_GATE:
         out = out * act
+    if QUANT and MX.SWIZZLED:  # padding rows of F8_128x4: y = 0 (zero rows may give NaN), scale byte 0
+        out = tl.where((rows < M)[:, None], out, 0.0)
     y = out.to(x.dtype)
-    jb = tl.arange(0, GP // 32)
-    # a group's padding blocks store nothing (they are the next group's columns)
-    scols = tl.where(jb < G // 32, group * (G // 32) + jb, scale_cols_padded)
-    _store_or_quantize(y, y_ptr, q_ptr, sc_ptr, rows, cols, scols, mask, M, K, scale_rows, scale_cols,
-                       scale_cols_padded, QUANT, EMIT_Y, SWIZZLED, BM, GP, QUANT_OPS, SCALE_STORE, RULE,
-                       ISA)  # fmt: skip
-    if QUANT and SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
-        if group == tl.num_programs(1) - 1:  # the zero scale columns K/32 .. pad4(K/32) of the F8_128x4 layout
-            pad = scale_cols + tl.arange(0, 4)
-            zeros = tl.zeros([BM, 4], dtype=tl.int32)
-            _store_scales(sc_ptr, zeros, rows, pad, scale_rows, scale_cols, scale_cols_padded, scale_cols, SWIZZLED,
-                          "tl_store", ISA)  # fmt: skip
+    if not QUANT:
+        tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+    else:
+        jb = tl.arange(0, GP // 32)
+        # a group's padding blocks store nothing (they are the next group's columns): their scale columns
+        # start past the layout's last one, so the epilogue's store mask drops them
+        scol0 = tl.where(jb < G // 32, group * (G // 32), dst.scale_cols_padded)
+        _mx_epilogue(out, y, rows, cols, mask, scol0, K, dst, scale_rows, BM, GP, MX)
+        if MX.SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
+            if group == tl.num_programs(1 - ROW_AXIS) - 1:  # the zero scale columns K/32 .. pad4(K/32)
+                pad = dst.scale_cols + tl.arange(0, 4)
+                zeros = tl.zeros([BM, 4], dtype=tl.int32)
+                _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
+                              dst.stride_s, True, "tl_store", ISA)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launches
-
-
-def _outputs(x: torch.Tensor, quant: bool, swizzled: bool, emit_y: bool):
-    m, k = x.shape
-    y = torch.empty((m, k), dtype=x.dtype, device=x.device) if (emit_y or not quant) else None
-    codes = scales = None
-    if quant:
-        codes, scales = out_views(m, k, swizzled, x.device, None, None)
-    return codes, scales, y
 
 
 def gate_launch(
@@ -279,39 +236,34 @@ def gate_launch(
     round_gate: bool = True,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gate kernel, not run (quant False: codes / scales None)."""
-    check2d("x", x)
-    check2d("gate", gate)
-    m, k = x.shape
-    check_k(k)
-    if gate.shape != x.shape:
-        raise ValueError(f"triton_gated_quant: gate {tuple(gate.shape)} must match x {tuple(x.shape)}")
     swizzled = bool(quant and swizzled)
-    codes, scales, y = _outputs(x, quant, swizzled, emit_y)
-    scale_rows = padded_rows(m) if swizzled else m
+    outputs, scale_rows = producer_outputs(
+        "triton_gated_quant", ("x", x), ("gate", gate), quant=quant, swizzled=swizzled, emit_y=emit_y
+    )
     rule_key = rule_name(rule)
+    m, k = x.shape
     if scale_rows == 0:
-        return (codes, scales, y), None
+        return outputs, None
     cfg = quant_config(k, m)
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
-    args = (
-        x, gate, y if y is not None else x, codes if quant else x, scales if quant else x,
-        m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k,
-        scale_columns(k), padded_scale_columns(k),
-    )  # fmt: skip
+    dst = _dst(x, outputs, k)
+    args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
+    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa, GATE_CODE_VECTOR)
     constexprs = dict(
         QUANT=bool(quant),
-        EMIT_Y=bool(emit_y and quant),
-        SWIZZLED=swizzled,
         ROUND_GATE=bool(round_gate),
         BM=cfg.block_rows,
         BC=cfg.block_cols,
-        QUANT_OPS=cfg.quant_ops,
-        SCALE_STORE=cfg.scale_store,
-        RULE=rule_key,
-        ISA=isa,
+        MX=spec,
         PRECISE_EXP=x.device.type != "cpu",
     )
-    return (codes, scales, y), KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+
+
+def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
+    """The epilogue's destinations; x stands in for the outputs a launch does not write."""
+    codes, scales, y = outputs
+    return mx_dst(y if y is not None else x, codes if codes is not None else x, scales if scales is not None else x, k)
 
 
 def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
@@ -337,33 +289,32 @@ def gated_norm_launch(
     activation: str = "silu",
     round_normalized: bool = False,
     round_weighted: bool = False,
+    groups_first: bool = False,
 ) -> tuple[tuple, KernelLaunch | None]:
-    """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None)."""
-    check2d("x", x)
-    check2d("z", z)
+    """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None).
+    `groups_first`: consecutive programs take the groups of one row tile, else (the default) the row tiles of
+    one group (same bits either way)."""
+    swizzled = bool(quant and swizzled)
+    outputs, scale_rows = producer_outputs(
+        "triton_gated_quant", ("x", x), ("z", z), quant=quant, swizzled=swizzled, emit_y=emit_y
+    )
     m, k = x.shape
-    check_k(k)
-    if z.shape != x.shape:
-        raise ValueError(f"triton_gated_quant: z {tuple(z.shape)} must match x {tuple(x.shape)}")
     if group_size <= 0 or group_size % 32 or k % group_size:
         raise ValueError(f"triton_gated_quant: group_size={group_size} must be a multiple of 32 dividing K={k}")
     weight = weight.contiguous()
     if weight.shape not in ((group_size,), (k,)):
         raise ValueError(f"triton_gated_quant: weight {tuple(weight.shape)} must be ({group_size},) or ({k},)")
-    swizzled = bool(quant and swizzled)
-    codes, scales, y = _outputs(x, quant, swizzled, emit_y)
-    scale_rows = padded_rows(m) if swizzled else m
     rule_key = rule_name(rule)
     if scale_rows == 0:
-        return (codes, scales, y), None
+        return outputs, None
     gp, bm, warps = gated_norm_tile(group_size)
-    grid = (triton.cdiv(scale_rows, bm), k // group_size)
+    row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
+    row_axis = 1 if groups_first and row_tiles <= MAX_GRID_Y else 0
+    grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
     cfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
-    args = (
-        x, z, weight, y if y is not None else x, codes if quant else x, scales if quant else x,
-        m, scale_rows, k, x.stride(0) if m > 1 else k, z.stride(0) if m > 1 else k, group_size,
-        scale_columns(k), padded_scale_columns(k), float(eps),
-    )  # fmt: skip
+    args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, k, x.stride(0) if m > 1 else k,
+            z.stride(0) if m > 1 else k, group_size, float(eps))  # fmt: skip
+    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa)
     constexprs = dict(
         G=group_size,
         GP=gp,
@@ -373,16 +324,12 @@ def gated_norm_launch(
         ROUND_NORMALIZED=bool(round_normalized),
         ROUND_WEIGHTED=bool(round_weighted),
         QUANT=bool(quant),
-        EMIT_Y=bool(emit_y and quant),
-        SWIZZLED=swizzled,
         BM=bm,
-        QUANT_OPS=cfg.quant_ops,
-        SCALE_STORE=cfg.scale_store,
-        RULE=rule_key,
-        ISA=isa,
+        ROW_AXIS=row_axis,
+        MX=spec,
         PRECISE_EXP=x.device.type != "cpu",
     )
-    return (codes, scales, y), KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False)
+    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False)
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None) -> tuple:

@@ -99,6 +99,10 @@ class MxSpec(NamedTuple):
     """`reference.QuantRule` member name, lower case."""
     ISA: str
     """`triton_targets.Isa`."""
+    CODE_VECTOR: int = 8
+    """Contiguous codes per thread the code store is laid out for (a layout hint: the same bits for any
+    value): 8, the register layout of 16-byte bf16 loads (no layout conversion after a norm's loads), or 16
+    (one 16-byte store, and half a block per thread: one shuffle per block amax instead of two)."""
 
 
 # --------------------------------------------------------------------------- the epilogue
@@ -270,8 +274,9 @@ def _mx_epilogue(
     dtype), which is what is quantized: with `QUANT_OPS == "hw-bf16x2"` (bf16, no y stored)
     the rounding is done here, two values per convert, from `yf`. `rows` / `cols`: the
     tile's row and column indices, `mask` its valid elements, `scol0` its first scale
-    column, `K` the row length (y's row stride); `dst`: :class:`MxDst`; scale rows >=
-    `scale_rows` are not stored.
+    column (or a `[BC/32]` tensor of per-block starts: a block whose column lands past the
+    layout's last one is not stored), `K` the row length (y's row stride); `dst`: :class:`MxDst`;
+    scale rows >= `scale_rows` are not stored.
     """
     QUANT_OPS: tl.constexpr = MX.QUANT_OPS  # bundle fields passed on as arguments: constexprs
     RULE: tl.constexpr = MX.RULE  # (Triton 3.6 passes a field of a constexpr NamedTuple on as a Python value)
@@ -284,10 +289,10 @@ def _mx_epilogue(
         codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, ISA), BM, BC, QUANT_OPS, RULE, ISA)
     else:
         codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
-    # 8 codes (8 bytes) per thread: the register layout of the 16-byte bf16 accesses, so no
+    # MX.CODE_VECTOR codes per thread: 8 is the register layout of the 16-byte bf16 accesses, so no
     # shared-memory layout conversion between the loads and the code stores.
     q_offs = rows[:, None] * dst.stride_q + cols[None, :]
-    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, 8]), codes, mask=mask)
+    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, MX.CODE_VECTOR]), codes, mask=mask)
     scols = scol0 + tl.arange(0, BC // 32)
     if MX.SWIZZLED and MX.RULE == "torchao":
         # the pad4 columns past K/32 hold zeros; under TORCHAO a row whose y is NaN (all-zero
@@ -359,16 +364,16 @@ def _swizzle_kernel(
 # --------------------------------------------------------------------------- launch helpers
 
 
-def check2d(name: str, t: torch.Tensor):
+def check2d(name: str, t: torch.Tensor, where: str = "triton_norm_quant"):
+    """A launcher's row operand: 2-D with a unit last stride (any row stride); `where` names the module."""
     if t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-        raise ValueError(
-            f"triton_norm_quant: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}"
-        )
+        raise ValueError(f"{where}: {name} must be 2-D with a unit last stride, got {tuple(t.shape)} {t.stride()}")
 
 
-def check_k(k: int):
+def check_k(k: int, where: str = "triton_norm_quant", what: str = "K"):
+    """Rows of whole MXFP8 blocks: `what` (K, I) a multiple of 32."""
     if k % BLOCK:
-        raise ValueError(f"triton_norm_quant: K={k} is not a multiple of {BLOCK}")
+        raise ValueError(f"{where}: {what}={k} is not a multiple of {BLOCK}")
 
 
 def rule_name(rule) -> str:
@@ -407,6 +412,28 @@ def out_views(m, k, swizzled, dev, out_codes, out_scales):
             )
         check2d("out_scales", scales)
     return codes, scales
+
+
+def producer_outputs(
+    where: str, first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor], *, quant: bool,
+    swizzled: bool, emit_y: bool, what: str = "K",
+) -> tuple[tuple, int]:  # fmt: skip
+    """The checks and outputs of a producer kernel reading two `[M, K]` row operands (the act·mul's gate and
+    up, the gated producers' x and gate / z): `((codes, scales, y), scale_rows)`; codes / scales None unless
+    `quant`, y None when quantized without `emit_y`; scale_rows = pad128(M) for swizzled scales, else M.
+    `where` names the module in the errors, `what` the row length (K, I)."""
+    (name, x), (other_name, other) = first, second
+    check2d(name, x, where)
+    check2d(other_name, other, where)
+    if other.shape != x.shape or other.dtype != x.dtype:
+        raise ValueError(
+            f"{where}: {other_name} {tuple(other.shape)} {other.dtype} must match {name} {tuple(x.shape)} {x.dtype}"
+        )
+    m, k = x.shape
+    check_k(k, where, what)
+    y = torch.empty((m, k), dtype=x.dtype, device=x.device) if (emit_y or not quant) else None
+    codes, scales = out_views(m, k, swizzled, x.device, None, None) if quant else (None, None)
+    return (codes, scales, y), padded_rows(m) if (quant and swizzled) else m
 
 
 def row_stride(t: torch.Tensor, default: int) -> int:

@@ -144,8 +144,6 @@ from mxfuse.ops.triton_mx_quant import (
 from mxfuse.ops.triton_norm_prologue import NormIo, NormSpec, _load_weight, _norm_rows, _normalize
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, sm_count
 
-_sm_count = sm_count  # triton_act_quant still imports this name; it goes when triton_act_quant imports sm_count
-
 __all__ = [
     "fused_norm_quant",
     "gemma_norm",
