@@ -5,7 +5,7 @@ fused ops call the same reference: tests/norm_families.py), so this is a cheap p
 the probe row, last in batches of M = 1, 7 and 130 (two 128-row tiles of the swizzled scales), gets
 the same codes, scales, residual_out and y each time, in both layouts and both families, and
 fused == unfused at every M. The arithmetic claim, at M up to 16384, is the GPU kernels' test
-(tests/test_gpu_kernels.py, test_batch_invariance).
+(tests/test_gpu_norms.py, test_batch_invariance).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ CUDA impl: the packed buffer is allocated here and the Triton kernels
 (`triton_norm_quant.fused_norm_quant` / `quantize` with `out_codes` / `out_scales`)
 write the codes (row stride K + K/32) and the row-major scales (column offset K)
 straight into its two views: one launch, no copy. Same kernels and arithmetic as the
-unpacked ops, so the same bits (tests/test_gpu_kernels.py::test_packed_ops_equal_unpacked).
+unpacked ops, so the same bits (tests/test_gpu_norms.py::test_packed_ops_equal_unpacked).
 """
 
 from __future__ import annotations
