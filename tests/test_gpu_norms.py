@@ -182,8 +182,9 @@ def test_fused_equals_unfused_bitwise(family, k, residual, swizzled):
             assert_outputs(no_y, expected, what + " emit_y=False", emit_y=False)
             # the fused op's codes are the quant op applied to the fused op's y
             assert_bitwise(ops.mxfp8_quantize(out[3], swizzled), expected[:2], what + " quant(y_fused)")
-            if family == "gemma" and dtype == torch.bfloat16:
+            if family == "gemma" and dtype == torch.bfloat16 and not round_normalized:
                 # weight_offset: (w.f32 + 1) supplied as an fp32 weight with offset 0 gives the same bits
+                # (with round_normalized: test_round_normalized_kernels)
                 w1 = w.float() + 1.0
                 out_wo = fused(family, x, r, w1, swizzled, round_normalized=round_normalized, weight_offset=0.0)
                 assert_outputs(out_wo, expected, what + " weight_offset=0")

@@ -272,7 +272,7 @@ def interpreted(request) -> dict[str, str]:
     results = {}
     for block in done.stdout.split("### check ")[1:]:
         name, _, rest = block.partition(": ")
-        results[name] = "ok" if rest.strip() == "ok" else rest
+        results[name] = "ok" if rest.strip() == "ok" else rest.partition("\n")[2]  # the traceback
     results["stderr"] = done.stderr[-3000:]
     return results
 
