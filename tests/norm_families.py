@@ -7,7 +7,7 @@ On CPU a fused op's impl calls the same reference functions as the unfused pair
 (`ops/library.py`, `_norm_quant`), so `fused == unfused` there checks the plumbing only: which
 output goes where, shapes, the scale layout, `emit_y`, and that each op hands its family's
 arguments (weight offset, `round_normalized`, `round_sum`) to the reference. The arithmetic of the
-kernels is checked on the GPU (tests/test_gpu_kernels.py) and, where exact, under Triton's
+kernels is checked on the GPU (tests/test_gpu_norms.py) and, where exact, under Triton's
 interpreter (tests/test_triton_interpreted.py).
 """
 

@@ -8,7 +8,7 @@ fused == unfused at every M. The act·mul producers (every activation, gate_up i
 and the two-tensor form, the fp32 SwiGLU-OAI) and the gated ones (the sigmoid gate in both roundings,
 the gated RMSNorm in groups of 32 in vLLM's, Hugging Face's and the gate-first arithmetic) get the
 same check, with their `y` emitted. The arithmetic claim, at M up to 16384, is the GPU kernels' test
-(tests/test_gpu_kernels.py, test_batch_invariance).
+(tests/test_gpu_norms.py, test_batch_invariance).
 """
 
 from __future__ import annotations

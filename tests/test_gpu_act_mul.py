@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gpu_kernels import DEVICE, gpu_test
+from gpu_helpers import DEVICE, gpu_test
 
 import mxfuse.ops  # noqa: F401
 from mxfuse.ops.activations import ACTIVATIONS

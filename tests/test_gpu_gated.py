@@ -6,7 +6,7 @@ What is asserted, on CUDA, through `torch.ops.mxfuse.*`:
 - fused vs. unfused project ops: BITWISE (codes, scales, y): `sigmoid_gate_mxfp8` against
   `sigmoid_gate` then `mxfp8_quantize`, `gated_rms_norm_mxfp8` against `gated_rms_norm` then
   `mxfp8_quantize`; both scale layouts, both rules, with and without `emit_y`, every variant of the
-  ops' arguments, bf16 and fp16; on the hard rows of test_gpu_kernels.py (zeros, FLT_MIN blocks, huge
+  ops' arguments, bf16 and fp16; on the hard rows of tests/gpu_helpers.py (zeros, FLT_MIN blocks, huge
   and overflowing values, NaN / Inf rows, a dominant block); M from 1 to 4097, K from 64 to 6144,
   group sizes 64, 128, 96 (not a power of two) and whole rows.
 - the gate vs. torch's own CUDA eager `x * torch.sigmoid(gate)`: bitwise (the kernel computes
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_gpu_kernels import DEVICE, gpu_test, kparams, special_rows
+from gpu_helpers import DEVICE, gpu_test, kparams, special_rows
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
 from mxfuse.ops import gated

@@ -2,7 +2,7 @@
 
 Each variant is a `NormConfig` (mxfuse/ops/norm_quant_config.py) passed explicitly to
 `triton_norm_quant.fused_norm_quant` / `gemma_norm` (`config=`): tools/bench_kernels.py
-times them all in one run, tests/test_gpu_kernels.py checks each bitwise (fused ==
+times them all in one run, tests/test_gpu_norms.py checks each bitwise (fused ==
 unfused, batch invariance, the same bits for the same arithmetic), and docs/perf_notes.md
 has their numbers. Import with `tools/` on `sys.path` (as bench_kernels does). Run 10's:
 `split2-bf16x2` (a row over 2 programs instead of one per chunk: lost at 64 and 256 rows) and the

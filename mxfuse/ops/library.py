@@ -42,6 +42,7 @@ from mxfuse.ops.inputs import (
 )
 from mxfuse.ops.mx_layout import BLOCK, FP8_DTYPE, SCALE_DTYPE, scale_shape, swizzled_scale_shape
 from mxfuse.ops.outputs import empty_y, kernel_scales, norm_outputs, reference_scales
+from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.registry import Impls, OpSpec
 
 __all__ = [
@@ -53,7 +54,9 @@ __all__ = [
     "check_rows",
     "check_rule",
     "check_same_device",
+    "kernel_arithmetic",
     "reference_norm",
+    "residual_rows",
 ]
 
 GEMMA_NORM = MappingProxyType({"weight_offset": 1.0})
@@ -84,22 +87,29 @@ def reference_norm(
 
 # ------------------------------------------------------ the unfused norms
 #
-# `y`, or `(y, residual_out)` with the residual add.
+# `y`, or `(y, residual_out)` with the residual add. The norm's arithmetic (`weight_offset`,
+# `round_normalized`; `round_sum` in the fused add) is passed on by name, `**arithmetic`.
+
+
+def kernel_arithmetic(arithmetic: dict[str, Any]) -> dict[str, Any]:
+    """A norm's arithmetic as the kernels take it: the offset 0 as -0.0 (:func:`kernel_offset`)."""
+    return {**arithmetic, "weight_offset": kernel_offset(arithmetic["weight_offset"])}
+
+
+def residual_rows(residual: Tensor | None, k: int) -> Tensor | None:
+    """The residual as `[M, K]` rows, or None without one."""
+    return None if residual is None else as_rows(residual, k)
+
+
+def _norm_outputs(x: Tensor, y: Tensor, residual_out: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+    return y.reshape(x.shape) if residual_out is None else (y.reshape(x.shape), residual_out.reshape(x.shape))
 
 
 def _norm(
-    op: str,
-    *,
-    x: Tensor,
-    weight: Tensor,
-    eps: float,
-    weight_offset: float,
-    round_normalized: bool,
-    residual: Tensor | None = None,
+    op: str, *, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, **arithmetic: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     k = check_norm(op, x, weight, residual, eps=eps)
-    y, res = reference_norm(x, residual, weight, eps, k, weight_offset=weight_offset, round_normalized=round_normalized)
-    return y.reshape(x.shape) if res is None else (y.reshape(x.shape), res.reshape(x.shape))
+    return _norm_outputs(x, *reference_norm(x, residual, weight, eps, k, **arithmetic))
 
 
 def _norm_fake(
@@ -111,27 +121,13 @@ def _norm_fake(
 
 
 def _norm_cuda(
-    op: str,
-    *,
-    x: Tensor,
-    weight: Tensor,
-    eps: float,
-    weight_offset: float,
-    round_normalized: bool,
-    residual: Tensor | None = None,
+    op: str, *, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, **arithmetic: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     from mxfuse.ops import triton_norm_quant
 
     k = check_norm(op, x, weight, residual, eps=eps)
-    y, res = triton_norm_quant.gemma_norm(
-        as_rows(x, k),
-        None if residual is None else as_rows(residual, k),
-        weight,
-        eps,
-        weight_offset=kernel_offset(weight_offset),
-        round_normalized=round_normalized,
-    )
-    return y.reshape(x.shape) if residual is None else (y.reshape(x.shape), res.reshape(x.shape))
+    rows = (as_rows(x, k), residual_rows(residual, k), weight, eps)
+    return _norm_outputs(x, *triton_norm_quant.gemma_norm(*rows, **kernel_arithmetic(arithmetic)))
 
 
 NORM = Impls(cpu=_norm, fake=_norm_fake, cuda=_norm_cuda)
@@ -165,6 +161,24 @@ def _quantize_cuda(op: str, *, x: Tensor, swizzled: bool, rule: int) -> tuple[Te
 # `(codes, scales, y)`, or `(codes, scales, residual_out, y)` with the residual add.
 
 
+def _check_norm_quant(
+    op: str, x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, rule: int, eps_tensor: Tensor | None
+) -> tuple[int, QuantRule, float | Tensor]:
+    """The checks of a fused norm + quant op: `(K, the rule, the eps to use)`."""
+    k = check_norm(op, x, weight, residual, eps=eps)
+    return k, check_rule(op, rule), runtime_eps(op, eps, eps_tensor)
+
+
+def _norm_quant_outputs(
+    x: Tensor, codes: Tensor, scales: Tensor, residual_out: Tensor | None, y: Tensor | None, emit_y: bool
+) -> tuple[Tensor, ...]:
+    return norm_outputs(
+        (codes.reshape(x.shape), scales),
+        None if residual_out is None else residual_out.reshape(x.shape),
+        y.reshape(x.shape) if emit_y and y is not None else empty_y(x),
+    )
+
+
 def _norm_quant(
     op: str,
     *,
@@ -175,29 +189,13 @@ def _norm_quant(
     emit_y: bool,
     rule: int,
     eps_tensor: Tensor | None,
-    weight_offset: float,
-    round_normalized: bool,
     residual: Tensor | None = None,
-    round_sum: bool = False,
+    **arithmetic: Any,
 ) -> tuple[Tensor, ...]:
-    k = check_norm(op, x, weight, residual, eps=eps)
-    quant_rule = check_rule(op, rule)
-    y, res = reference_norm(
-        x,
-        residual,
-        weight,
-        runtime_eps(op, eps, eps_tensor),
-        k,
-        weight_offset=weight_offset,
-        round_normalized=round_normalized,
-        round_sum=round_sum,
-    )
+    k, quant_rule, run_eps = _check_norm_quant(op, x, weight, residual, eps, rule, eps_tensor)
+    y, res = reference_norm(x, residual, weight, run_eps, k, **arithmetic)
     codes, scales = reference.quantize_rows(y, quant_rule)
-    return norm_outputs(
-        (codes.reshape(x.shape), reference_scales(scales, x.shape[:-1], k, swizzled)),
-        None if res is None else res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else empty_y(x),
-    )
+    return _norm_quant_outputs(x, codes, reference_scales(scales, x.shape[:-1], k, swizzled), res, y, emit_y)
 
 
 def _norm_quant_fake(
@@ -213,9 +211,7 @@ def _norm_quant_fake(
     residual: Tensor | None = None,
     **_: Any,
 ) -> tuple[Tensor, ...]:
-    k = check_norm(op, x, weight, residual, eps=eps)
-    check_rule(op, rule)
-    runtime_eps(op, eps, eps_tensor)
+    k = _check_norm_quant(op, x, weight, residual, eps, rule, eps_tensor)[0]
     return norm_outputs(
         (x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(scale_shape(x.shape[:-1], k, swizzled), dtype=SCALE_DTYPE)),
         None if residual is None else x.new_empty(x.shape),
@@ -233,32 +229,23 @@ def _norm_quant_cuda(
     emit_y: bool,
     rule: int,
     eps_tensor: Tensor | None,
-    weight_offset: float,
-    round_normalized: bool,
     residual: Tensor | None = None,
-    round_sum: bool = False,
+    **arithmetic: Any,
 ) -> tuple[Tensor, ...]:
     from mxfuse.ops import triton_norm_quant
 
-    k = check_norm(op, x, weight, residual, eps=eps)
-    quant_rule = check_rule(op, rule)
+    k, quant_rule, run_eps = _check_norm_quant(op, x, weight, residual, eps, rule, eps_tensor)
     codes, scales, res, y = triton_norm_quant.fused_norm_quant(
         as_rows(x, k),
-        None if residual is None else as_rows(residual, k),
+        residual_rows(residual, k),
         weight,
-        host_eps(runtime_eps(op, eps, eps_tensor)),
+        host_eps(run_eps),
         swizzled=swizzled,
         emit_y=emit_y,
-        round_sum=round_sum,
-        weight_offset=kernel_offset(weight_offset),
-        round_normalized=round_normalized,
         rule=quant_rule,
+        **kernel_arithmetic(arithmetic),
     )
-    return norm_outputs(
-        (codes.reshape(x.shape), kernel_scales(scales, x.shape[:-1], k, swizzled)),
-        None if residual is None else res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else empty_y(x),
-    )
+    return _norm_quant_outputs(x, codes, kernel_scales(scales, x.shape[:-1], k, swizzled), res, y, emit_y)
 
 
 NORM_QUANT = Impls(cpu=_norm_quant, fake=_norm_quant_fake, cuda=_norm_quant_cuda)

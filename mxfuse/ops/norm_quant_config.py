@@ -8,7 +8,7 @@ What a config may change: `tree` and `rsqrt` fix the arithmetic of a row (the fu
 the unfused norm must use the same two, and they must not change with M: batch
 invariance), and so does the row layout (rows per tile and warps: `tl.sum`'s order);
 every other field only moves work between programs or instructions, so every value gives
-the same bits (tests/test_gpu_kernels.py, tests/test_gpu_norm_dispatch.py).
+the same bits (tests/test_gpu_norms.py, tests/test_gpu_norm_dispatch.py).
 
 The dispatch (:func:`norm_config`) is derived from the shape and the target, not looked up:
 the row layout from K alone (a tile holds the padded row, at least TILE_VALUES values, and

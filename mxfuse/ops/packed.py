@@ -23,17 +23,19 @@ CUDA impl: the packed buffer is allocated here and the Triton kernels
 (`triton_norm_quant.fused_norm_quant` / `quantize` with `out_codes` / `out_scales`)
 write the codes (row stride K + K/32) and the row-major scales (column offset K)
 straight into its two views: one launch, no copy. Same kernels and arithmetic as the
-unpacked ops, so the same bits (tests/test_gpu_kernels.py::test_packed_ops_equal_unpacked).
+unpacked ops, so the same bits (tests/test_gpu_norms.py::test_packed_ops_equal_unpacked).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from mxfuse.ops import reference
-from mxfuse.ops.inputs import QUANT_INPUT_DTYPES, as_rows, check_norm, check_rows, kernel_offset
-from mxfuse.ops.library import reference_norm
+from mxfuse.ops.inputs import QUANT_INPUT_DTYPES, as_rows, check_norm, check_rows
+from mxfuse.ops.library import kernel_arithmetic, reference_norm, residual_rows
 from mxfuse.ops.mx_layout import FP8_DTYPE, SCALE_DTYPE, packed_width
 from mxfuse.ops.outputs import empty_y, norm_outputs
 from mxfuse.ops.registry import Impls, OpSpec
@@ -71,50 +73,23 @@ def _fake_packed(x: Tensor, k: int) -> Tensor:
 
 
 def _norm_quant_packed(
-    op: str,
-    *,
-    x: Tensor,
-    weight: Tensor,
-    eps: float,
-    emit_y: bool,
-    weight_offset: float,
-    round_normalized: bool,
-    residual: Tensor | None = None,
-    round_sum: bool = False,
+    op: str, *, x: Tensor, weight: Tensor, eps: float, emit_y: bool, residual: Tensor | None = None, **arithmetic: Any
 ) -> tuple[Tensor, ...]:
     k = check_norm(op, x, weight, residual, eps=eps)
-    y, res = reference_norm(
-        x, residual, weight, eps, k, weight_offset=weight_offset, round_normalized=round_normalized, round_sum=round_sum
-    )
-    return norm_outputs(
-        (pack(*reference.quantize_rows(y)),),
-        None if res is None else res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else empty_y(x),
-    )
+    y, res = reference_norm(x, residual, weight, eps, k, **arithmetic)
+    return _packed_outputs(x, pack(*reference.quantize_rows(y)), res, y, emit_y)
 
 
 def _norm_quant_packed_fake(
-    op: str, *, x: Tensor, weight: Tensor, eps: float, emit_y: bool, residual: Tensor | None = None, **_: object
+    op: str, *, x: Tensor, weight: Tensor, eps: float, emit_y: bool, residual: Tensor | None = None, **_: Any
 ) -> tuple[Tensor, ...]:
     k = check_norm(op, x, weight, residual, eps=eps)
-    return norm_outputs(
-        (_fake_packed(x, k),),
-        None if residual is None else x.new_empty(x.shape),
-        x.new_empty(x.shape) if emit_y else empty_y(x),
-    )
+    res = None if residual is None else x.new_empty(x.shape)
+    return _packed_outputs(x, _fake_packed(x, k), res, x.new_empty(x.shape), emit_y)
 
 
 def _norm_quant_packed_cuda(
-    op: str,
-    *,
-    x: Tensor,
-    weight: Tensor,
-    eps: float,
-    emit_y: bool,
-    weight_offset: float,
-    round_normalized: bool,
-    residual: Tensor | None = None,
-    round_sum: bool = False,
+    op: str, *, x: Tensor, weight: Tensor, eps: float, emit_y: bool, residual: Tensor | None = None, **arithmetic: Any
 ) -> tuple[Tensor, ...]:
     from mxfuse.ops import triton_norm_quant
 
@@ -123,21 +98,26 @@ def _norm_quant_packed_cuda(
     packed, codes, scales = _empty_packed(rows.shape[0], k, x.device)
     _, _, res, y = triton_norm_quant.fused_norm_quant(
         rows,
-        None if residual is None else as_rows(residual, k),
+        residual_rows(residual, k),
         weight,
         eps,
         swizzled=False,
         emit_y=emit_y,
-        round_sum=round_sum,
-        weight_offset=kernel_offset(weight_offset),
-        round_normalized=round_normalized,
         out_codes=codes,
         out_scales=scales,
+        **kernel_arithmetic(arithmetic),
     )
+    return _packed_outputs(x, packed, res, y, emit_y)
+
+
+def _packed_outputs(
+    x: Tensor, packed: Tensor, residual_out: Tensor | None, y: Tensor | None, emit_y: bool
+) -> tuple[Tensor, ...]:
+    """`(packed, [residual_out,] y)`: residual_out in x's shape, y too or empty without emit_y."""
     return norm_outputs(
         (packed,),
-        None if residual is None else res.reshape(x.shape),
-        y.reshape(x.shape) if emit_y else empty_y(x),
+        None if residual_out is None else residual_out.reshape(x.shape),
+        y.reshape(x.shape) if emit_y and y is not None else empty_y(x),
     )
 
 

@@ -34,7 +34,7 @@ target). The default NVIDIA code leans on the hardware's IEEE semantics (`quant_
 floor, also maxNum, turns into FLT_MIN), and the fp32 -> e4m3 cast is
 `cvt.rn.satfinite`, which maps +-Inf to +-448 and keeps NaN. The spelled-out form
 (`"explicit"`: `where` before the max, a clamp before the cast) gives the same bits on
-the GPU (tests/test_gpu_kernels.py::test_variants_bitwise) with two more instructions
+the GPU (tests/test_gpu_norms.py::test_variants_bitwise) with two more instructions
 per element, and is what the portable code runs. The one order-dependent operation is
 the norm's sum of squares:
 
