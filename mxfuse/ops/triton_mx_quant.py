@@ -291,8 +291,9 @@ def _mx_epilogue(
         codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
     # MX.CODE_VECTOR codes per thread: 8 is the register layout of the 16-byte bf16 accesses, so no
     # shared-memory layout conversion between the loads and the code stores.
+    CODE_VECTOR: tl.constexpr = MX.CODE_VECTOR  # a bundle field read as a constexpr (Triton 3.6 needs the annotation)
     q_offs = rows[:, None] * dst.stride_q + cols[None, :]
-    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, MX.CODE_VECTOR]), codes, mask=mask)
+    tl.store(dst.q_ptr + tl.max_contiguous(q_offs, [1, CODE_VECTOR]), codes, mask=mask)
     scols = scol0 + tl.arange(0, BC // 32)
     if MX.SWIZZLED and MX.RULE == "torchao":
         # the pad4 columns past K/32 hold zeros; under TORCHAO a row whose y is NaN (all-zero
