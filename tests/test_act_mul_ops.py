@@ -264,15 +264,18 @@ def test_dispatch_blocks_divide_the_intermediate_size():
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     for i, bc in ((14336, 1024), (17408, 1024), (3584, 512), (4352, 256), (1792, 256), (2176, 128), (1536, 512)):
-        assert act_mul_config(16384, i, 132) == ActMulConfig(2048 // bc, bc, 4)
+        wide_codes = 16 if bc <= 512 else 8  # 16 codes a thread on multi-row tiles of <= 512 columns
+        assert act_mul_config(16384, i, 132) == ActMulConfig(2048 // bc, bc, 4, code_vector=wide_codes)
         assert i % act_mul_config(1, i, 132).block_cols == 0
     assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1)  # 112 programs: the most there are
     for m in (1, 4, 16, 64, 256):
         cfg = act_mul_config(m, 1792, 132)
         programs = -(-m // cfg.block_rows) * (1792 // cfg.block_cols)
         assert programs >= 264 or (cfg.block_rows, cfg.block_cols) == (1, 128), (m, cfg)
-    assert act_mul_config(16384, 96, 132) == ActMulConfig(16, 128, 4)  # masked tail: the power of two over I
-    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8)
+    assert act_mul_config(16384, 96, 132) == ActMulConfig(
+        16, 128, 4, code_vector=16
+    )  # masked tail: the power of two over I
+    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8, code_vector=16)
 
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():

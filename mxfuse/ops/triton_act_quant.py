@@ -47,7 +47,10 @@ idle), and BM = TILE_VALUES / BC rows, so every program holds 2048 values (16 pe
 instead of one short one. Measured on the H200 (docs/perf_notes.md, run 10): 82-85% of the
 copy at M 16384 for every I from 1536 to 17408 (the previous power-of-two-covering dispatch:
 53-64% at I 1536-2176); 1024 or 4096 values per program, 8 warps, or a column-first grid are
-no faster. At decode sizes (fewer than two programs per SM) BM, then BC, is halved down to
+no faster. Tiles of several rows and at most 512 columns lay the codes out 16 a thread
+(`code_vector`: one 16-byte store and one shuffle per block amax; -5..-9% at M >= 4096, 87-89% of
+the copy at M 16384 for I 1536-4352; at 1024 columns it was not faster: run 11, final call). At
+decode sizes (fewer than two programs per SM) BM, then BC, is halved down to
 128 columns so that the grid still covers the SMs. An I that is no multiple of 128 keeps the
 power of two covering it (masked tail; the swizzled layout's padding scale columns then fall
 inside the last block). Every tile computes the same bits (the arithmetic is elementwise and
@@ -103,6 +106,9 @@ SCALE_PAD_ROWS = 128
 """Rows of swizzled-scale padding one padding program zeroes (per column block)."""
 WIDENINGS = ("shift", "cvt")
 CODE_VECTORS = (8, 16)
+WIDE_CODES_MAX_COLS = 512
+"""Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
+one shuffle per block amax): 5-9% faster at M >= 4096 on the H200; at 1024 columns it was not (run 11)."""
 
 
 class ActMulConfig(NamedTuple):
@@ -147,7 +153,9 @@ def act_mul_config(
             bm //= 2
         else:
             bc //= 2
-    return ActMulConfig(bm, bc, max(1, min(max_warps, bm * bc // VALUES_PER_WARP)), cols_first)
+    warps = max(1, min(max_warps, bm * bc // VALUES_PER_WARP))
+    wide_codes = bc <= WIDE_CODES_MAX_COLS and bm * bc >= 16 * 32 * warps
+    return ActMulConfig(bm, bc, warps, cols_first, code_vector=16 if wide_codes else 8)
 
 
 @triton.jit
