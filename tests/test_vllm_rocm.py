@@ -17,6 +17,11 @@ Replaced beyond tests/vllm_pipeline.py's list:
   output of a traced-only op `vllm_pipeline.dot_scaled_mxfp8_gemm(x_q, x_scale, w, w_scale)`
   (`[M, N]`, fake impl only) into the launcher's `out`.
 
+Every activation quant of a layer on ROCm (`test_every_activation_quant_of_a_layer_fuses_on_rocm`):
+the act·mul before down_proj (Llama's SiLU, Gemma 3's GELU-tanh) and Qwen3-Next's gate and gated
+RMSNorm fuse with the ROCm kernel's row-major quant as they do with the Blackwell linear's swizzled
+one; counted with the independent detectors of test_vllm_act_mul.py and test_gated_vllm.py.
+
 A weight whose K is not a multiple of 128 (`dot_scaled` tiles K by 128) is dequantized to bf16 at
 load and served by `F.linear` (`rocm_native.py:291-292, 316-317`): no activation quant, so a norm
 in front of it is no site and not a miss (`test_k_not_multiple_of_128_has_no_activation_quant`).
@@ -29,8 +34,10 @@ import dataclasses
 import pytest
 import torch
 import vllm_pipeline
+from test_gated_vllm import classified, fused_gated
+from test_vllm_act_mul import CASES as ACT_MUL_CASES, reads
 from test_vllm_models import CASES
-from vllm_pipeline import Case, DotScaledLaunch, compile_model, modelopt_mxfp8, tiny
+from vllm_pipeline import Case, DotScaledLaunch, compile_model, modelopt_mxfp8, quant_nodes, tiny
 
 pytestmark = pytest.mark.vllm
 vllm_cpu = vllm_pipeline.vllm_cpu  # the module fixture: vLLM stood up on CPU
@@ -131,6 +138,53 @@ def test_every_gemma_norm_quant_site_fuses_with_rocm_dot_scaled(vllm_cpu, case, 
     assert [a["swizzled"] for a in record.fused_args] == [False] * record.fused, record.fused_args
     if checkpoint == "quark":
         assert record.schemes["QuarkOCP_MX"] > 0, record.schemes
+
+
+def _argument(node, name: str):
+    """A call's argument by its schema name, passed by position or keyword (or its default)."""
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, arg.default_value)
+    raise KeyError(name)
+
+
+def _fused_producers(graphs, name: str) -> list:
+    return [n for g in graphs for n in g.nodes if n.op == "call_function" and name in str(n.target)]
+
+
+ACT_MUL_ON_ROCM = [c for c in ACT_MUL_CASES if c.name in ("llama", "gemma3")]
+
+
+@pytest.mark.parametrize("case", ACT_MUL_ON_ROCM, ids=lambda c: c.name)
+def test_every_activation_quant_of_a_layer_fuses_on_rocm(vllm_cpu, case):
+    """A dense layer on the ROCm kernel (ModelOpt MXFP8): the norms' and the act·mul's quants fuse,
+    row-major; only o_proj's quant is left (the raw output of the opaque attention op)."""
+    case = dataclasses.replace(case, name=f"{case.name}_rocm", kernel=ROCM)
+    record = compile_model(vllm_cpu, case, patches=[_rocm_launch(), _per_row_scales()])
+    left = [reads(q) for g in record.after for q in quant_nodes(g)]
+    assert left == ["attention output"], left
+    (act_mul,) = _fused_producers(record.after, "act_mul")
+    assert act_mul.kwargs["swizzled"] is False, act_mul  # the ROCm kernel's `vllm.mxfp8_quantize(x2d)`
+    assert [a["swizzled"] for a in record.fused_args] == [False] * record.fused, record.fused_args
+
+
+def test_gated_outputs_fuse_on_rocm_with_a_quark_checkpoint(vllm_cpu):
+    """Qwen3-Next (a GDN layer with a dense MLP, an attention layer with a MoE MLP) from a Quark OCP-MX
+    export: the gate before o_proj and the gated RMSNorm before out_proj fuse too, no standalone quant
+    is left in its layers (in_proj_ba, quantized on ROCm, reads the input norm's fused codes)."""
+    (qwen3_next,) = (c for c in CASES if c.name == "qwen3_next")
+    case = rocm_case(qwen3_next, "quark")
+    record = compile_model(
+        vllm_cpu, case, quantization_config=FORMATS["quark"], patches=[_rocm_launch(), _per_row_scales()]
+    )
+    before, after = classified(record.before), classified(record.after)
+    table = f"quants before {dict(before)}, standalone after {dict(after)}"
+    assert before["gate"] == 1 and before["gated_norm"] == 1 and before["act_mul"] == 1, table
+    assert not after, table
+    assert fused_gated(record.after) == {"gate": 1, "gated_norm": 1}, table
+    fused = _fused_producers(record.after, "sigmoid_gate") + _fused_producers(record.after, "gated_rms_norm")
+    assert [_argument(n, "swizzled") for n in fused] == [False, False], fused
+    assert record.schemes["QuarkOCP_MX"] > 0, record.schemes
 
 
 def test_block_scaled_weights_take_the_block32_gemm_and_fuse(vllm_cpu):
