@@ -173,7 +173,7 @@ def test_gated_outputs_fuse_on_rocm_with_a_quark_checkpoint(vllm_cpu):
     export: the gate before o_proj and the gated RMSNorm before out_proj fuse too, no standalone quant
     is left in its layers (in_proj_ba, quantized on ROCm, reads the input norm's fused codes)."""
     (qwen3_next,) = (c for c in CASES if c.name == "qwen3_next")
-    case = rocm_case(qwen3_next, "quark")
+    case = dataclasses.replace(rocm_case(qwen3_next, "quark"), name="qwen3_next_quark_gated")  # its own model dir
     record = compile_model(
         vllm_cpu, case, quantization_config=FORMATS["quark"], patches=[_rocm_launch(), _per_row_scales()]
     )
