@@ -124,7 +124,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_rows, padded_scale_columns, scale_columns
-from mxfuse.ops.norm_quant_config import NOMINAL_SMS, PAD_ROWS, NormConfig, norm_config, row_chunks
+from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, norm_config, row_chunks
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_mx_quant import (
     MxSpec,
@@ -280,8 +280,7 @@ def norm_launch(
     if scale_rows == 0:
         return outputs, None
     ch, nch = row_chunks(k)
-    sms = sm_count(dev) if dev.type == "cuda" else NOMINAL_SMS  # a described launch: dispatched as on an H200
-    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sms)
+    cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sm_count(dev))
     pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"

@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from mxfuse.ops.errors import MxfuseInputError
+from mxfuse.ops.norm_quant_config import NOMINAL_SMS
 
 Isa = Literal["ptx", "portable"]
 
@@ -63,9 +64,9 @@ def _gpu_isa(index: int) -> Isa:
 
 
 def sm_count(dev: torch.device) -> int:
-    """Multiprocessors (NVIDIA) / compute units (AMD) of a GPU; 1 on a meta or CPU device (a
-    described launch's grid is nominal there)."""
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    """Multiprocessors (NVIDIA) / compute units (AMD) of a GPU; on a meta or CPU device (a described
+    launch) `NOMINAL_SMS`, an H200's, so a described launch has the shape it has there."""
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else NOMINAL_SMS
 
 
 def pdl_allowed(isa: Isa) -> bool:
