@@ -73,6 +73,13 @@ def rewritten(fn, *args, **options) -> tuple[fx.GraphModule, fx.GraphModule, Pas
     return before, after, run_pass(after, **options)
 
 
+def call_arguments(node: fx.Node) -> dict:
+    """What an op call receives, by schema name: its positional and keyword arguments, and the
+    defaults of those not passed (the fused ops take some flags by position, others by keyword)."""
+    passed = dict(zip((a.name for a in node.target._schema.arguments), node.args)) | dict(node.kwargs)
+    return {a.name: passed.get(a.name, a.default_value) for a in node.target._schema.arguments}
+
+
 def edges(graph: fx.Graph) -> set[tuple[str, str]]:
     """`(producer, consumer)` op names of every data edge between two calls (through `getitem`)."""
     found = set()

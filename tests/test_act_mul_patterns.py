@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from graph_helpers import assert_bitwise, compile_with_pass, op_counts, rewritten as run_pass
+from graph_helpers import assert_bitwise, call_arguments, compile_with_pass, op_counts, rewritten as run_pass
 from test_act_mul_ops import gate_up_of, hf_gpt_oss, vllm_gelu_tanh_and_mul, vllm_silu_and_mul, vllm_swiglu_step_and_mul
 
 import mxfuse  # noqa: F401
@@ -43,7 +43,7 @@ def quantized(act, *, swizzled=False, second_user=False):
 
 def fused_args(after) -> list[dict]:
     return [
-        dict(zip([a.name for a in n.target._schema.arguments], n.args)) | dict(n.kwargs)
+        call_arguments(n)
         for n in after.graph.nodes
         if n.op == "call_function" and str(n.target).startswith("mxfuse.act_mul")
     ]

@@ -60,7 +60,7 @@ from fuzz_programs import (
     program_fn,
     program_inputs,
 )
-from graph_helpers import CapturingPass, trace
+from graph_helpers import CapturingPass, call_arguments, trace
 from sp_helpers import simulate
 from torch import fx
 
@@ -97,13 +97,8 @@ def assert_report_is_real(report, graph, program: Program, options: PassOptions)
     for category, (least, most) in program.expected(options).items():
         assert len(found[category]) == len(claimed[category]), (category, report.as_dict())
         assert least <= len(found[category]) <= most, (category, program, options, report.as_dict())
-    emitting = sum(bool(_named_args(n).get("emit_y")) for n in found["fused"])
+    emitting = sum(bool(call_arguments(n)["emit_y"]) for n in found["fused"])
     assert emitting == sum(k.writes_y for k in claimed["fused"]), report.as_dict()
-
-
-def _named_args(node: fx.Node) -> dict:
-    """A call's arguments by schema name (the gated ops take `emit_y` positionally, the others by keyword)."""
-    return dict(zip((a.name for a in node.target._schema.arguments), node.args)) | dict(node.kwargs)
 
 
 # ------------------------------------------------------------------ traced programs

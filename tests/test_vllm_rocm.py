@@ -34,6 +34,7 @@ import dataclasses
 import pytest
 import torch
 import vllm_pipeline
+from graph_helpers import call_arguments
 from test_gated_vllm import classified, fused_gated
 from test_vllm_act_mul import CASES as ACT_MUL_CASES, reads
 from test_vllm_models import CASES
@@ -140,14 +141,6 @@ def test_every_gemma_norm_quant_site_fuses_with_rocm_dot_scaled(vllm_cpu, case, 
         assert record.schemes["QuarkOCP_MX"] > 0, record.schemes
 
 
-def _argument(node, name: str):
-    """A call's argument by its schema name, passed by position or keyword (or its default)."""
-    for i, arg in enumerate(node.target._schema.arguments):
-        if arg.name == name:
-            return node.args[i] if i < len(node.args) else node.kwargs.get(name, arg.default_value)
-    raise KeyError(name)
-
-
 def _fused_producers(graphs, name: str) -> list:
     return [n for g in graphs for n in g.nodes if n.op == "call_function" and name in str(n.target)]
 
@@ -183,7 +176,7 @@ def test_gated_outputs_fuse_on_rocm_with_a_quark_checkpoint(vllm_cpu):
     assert not after, table
     assert fused_gated(record.after) == {"gate": 1, "gated_norm": 1}, table
     fused = _fused_producers(record.after, "sigmoid_gate") + _fused_producers(record.after, "gated_rms_norm")
-    assert [_argument(n, "swizzled") for n in fused] == [False, False], fused
+    assert [call_arguments(n)["swizzled"] for n in fused] == [False, False], fused
     assert record.schemes["QuarkOCP_MX"] > 0, record.schemes
 
 
