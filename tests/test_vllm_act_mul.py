@@ -21,8 +21,9 @@ import copy
 import pytest
 import torch
 import vllm_pipeline
+from test_vllm_models import PATCHES, STANDARD_CASES
 from torch import fx
-from vllm_pipeline import HIDDEN, Case, compile_model, mla_attention_stub, quant_nodes, tiny
+from vllm_pipeline import Case, compile_model, quant_nodes, tiny
 
 from mxfuse.passes import post_grad
 from mxfuse.passes.options import PassOptions
@@ -30,11 +31,9 @@ from mxfuse.passes.options import PassOptions
 pytestmark = pytest.mark.vllm
 vllm_cpu = vllm_pipeline.vllm_cpu
 
+SILU_MODELS = ("llama", "mistral", "qwen3", "glm4", "deepseek_v2")  # DeepSeek-V2: its dense layer 0
 CASES = [
-    Case("llama", ("llama",), tiny("LlamaForCausalLM", "llama", num_hidden_layers=1), 2, "SiLU"),
-    Case("mistral", ("llama",), tiny("MistralForCausalLM", "mistral", num_hidden_layers=1), 2, "SiLU"),
-    Case("qwen3", ("qwen3",), tiny("Qwen3ForCausalLM", "qwen3", num_hidden_layers=1), 2, "SiLU"),
-    Case("glm4", ("glm4",), tiny("Glm4ForCausalLM", "glm4", num_hidden_layers=1, partial_rotary_factor=0.5), 2, "SiLU"),
+    *(c for c in STANDARD_CASES if c.name in SILU_MODELS),
     Case(
         "gemma3",
         ("gemma3",),
@@ -46,31 +45,9 @@ CASES = [
             hidden_activation="gelu_pytorch_tanh",
         ),
         2,
-        "GELU-tanh",
-    ),
-    Case(
-        "deepseek_v2",
-        (),
-        tiny(
-            "DeepseekV2ForCausalLM",
-            "deepseek_v2",
-            num_hidden_layers=1,
-            num_key_value_heads=2,
-            q_lora_rank=HIDDEN,
-            kv_lora_rank=HIDDEN,
-            qk_nope_head_dim=64,
-            qk_rope_head_dim=64,
-            v_head_dim=64,
-            first_k_dense_replace=1,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=HIDDEN,
-        ),
-        3,
-        "SiLU, a dense layer",
+        "input_layernorm -> qkv_proj, pre_feedforward_layernorm -> gate_up_proj (GELU-tanh)",
     ),
 ]
-PATCHES = {"deepseek_v2": (mla_attention_stub,)}
 EXPECTED = {
     "llama": "silu",
     "mistral": "silu",
