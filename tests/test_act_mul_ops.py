@@ -264,8 +264,11 @@ def test_dispatch_blocks_divide_the_intermediate_size():
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     for i, bc in ((14336, 1024), (17408, 1024), (3584, 512), (4352, 256), (1792, 256), (2176, 128), (1536, 512)):
-        wide_codes = 16 if bc <= 512 else 8  # 16 codes a thread on multi-row tiles of <= 512 columns
-        assert act_mul_config(16384, i, 132) == ActMulConfig(2048 // bc, bc, 4, code_vector=wide_codes)
+        for m in (4096, 16384):
+            # 16 codes a thread on multi-row tiles of <= 512 columns whose launch's codes fit in half the L2
+            wide_codes = 16 if bc <= 512 and m * i <= 25 * 2**20 else 8
+            assert act_mul_config(m, i, 132) == ActMulConfig(2048 // bc, bc, 4, code_vector=wide_codes)
+        assert act_mul_config(16384, i, 132, l2_bytes=2**30).code_vector == (16 if bc <= 512 else 8)
         assert i % act_mul_config(1, i, 132).block_cols == 0
     assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1)  # 112 programs: the most there are
     for m in (1, 4, 16, 64, 256):

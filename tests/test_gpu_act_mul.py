@@ -169,3 +169,23 @@ def test_every_launch_shape_computes_the_same_bits(i):
     y = taq.act_mul(gate, up, "gelu_tanh", quant=False)[2]
     for cfg in every_launch_shape(i):
         assert_bitwise(taq.act_mul(gate, up, "gelu_tanh", quant=False, config=cfg)[2], y, f"unfused {cfg}")
+
+
+@gpu_test
+def test_fp32_silu_mul_is_inductors_code_for_vllms_native_form():
+    """vLLM's `SiluAndMul.forward_native` compiled by Inductor (dynamic M, as vLLM compiles it) keeps fp32
+    from the SiLU to the product; `round_each_op=False` is that arithmetic, bit for bit (`exp` libdevice's,
+    the division Triton's `/`: mxfuse/ops/triton_fp32_math.py)."""
+    import torch.nn.functional as F
+
+    def native(x):
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+    compiled = torch.compile(native, dynamic=True)
+    for m, i in ((4096, 1792), (257, 14336)):
+        x = gate_up_rows(m, i, seed=m)
+        ours, theirs = ops.act_mul(x, "silu", round_each_op=False), compiled(x)
+        assert torch.equal(ours.isnan(), theirs.isnan())
+        nan = ours.isnan()
+        assert_bitwise(ours.masked_fill(nan, 0), theirs.masked_fill(nan, 0), f"M {m} I {i}")

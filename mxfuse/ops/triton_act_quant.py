@@ -74,6 +74,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from mxfuse.ops.reference import QuantRule
+from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
     MxSpec,
     _mx_epilogue,
@@ -83,7 +84,8 @@ from mxfuse.ops.triton_mx_quant import (
     row_stride,
     rule_name,
 )
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, sm_count as device_sm_count
+from mxfuse.ops.triton_targets import NOMINAL_L2_BYTES, Isa, KernelLaunch, device_isa, l2_bytes as device_l2_bytes
+from mxfuse.ops.triton_targets import sm_count as device_sm_count
 
 __all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch"]
 
@@ -108,7 +110,11 @@ WIDENINGS = ("shift", "cvt")
 CODE_VECTORS = (8, 16)
 WIDE_CODES_MAX_COLS = 512
 """Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
-one shuffle per block amax): 5-9% faster at M >= 4096 on the H200; at 1024 columns it was not (run 11)."""
+one shuffle per block amax): 1-6% faster on the H200 while the codes fit in half the L2; at 1024 columns it
+was not (run 11)."""
+WIDE_CODES_MAX_L2_SHARE = 0.5
+"""... and only while the launch's codes (M * I bytes) fit in this share of the L2: beyond it the 16-byte
+code stores made the kernel 10-27% slower than 8 codes a thread (I 1792-4352, M 8192-16384; run 12)."""
 
 
 class ActMulConfig(NamedTuple):
@@ -136,12 +142,13 @@ def block_cols(i: int) -> int:
 
 
 def act_mul_config(
-    m: int, i: int, sm_count: int, *, tile_values: int = TILE_VALUES, max_warps: int = MAX_WARPS,
-    cols_first: bool = False,
+    m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int = TILE_VALUES,
+    max_warps: int = MAX_WARPS, cols_first: bool = False,
 ) -> ActMulConfig:  # fmt: skip
     """`[BM, BC]` tiles of `tile_values` values (the module docstring: BC divides I, BM = tile / BC),
     halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM;
-    warps: one per 256 values, at most `max_warps`."""
+    warps: one per 256 values, at most `max_warps`; 16 codes a thread on tiles of <= 512 columns and 16
+    values a thread while the codes fit in half of `l2_bytes`."""
     bc = block_cols(i)
     bm = max(1, tile_values // bc)
 
@@ -154,7 +161,9 @@ def act_mul_config(
         else:
             bc //= 2
     warps = max(1, min(max_warps, bm * bc // VALUES_PER_WARP))
-    wide_codes = bc <= WIDE_CODES_MAX_COLS and bm * bc >= 16 * 32 * warps
+    wide_codes = (
+        bc <= WIDE_CODES_MAX_COLS and bm * bc >= 16 * 32 * warps and m * i <= WIDE_CODES_MAX_L2_SHARE * l2_bytes
+    )
     return ActMulConfig(bm, bc, warps, cols_first, code_vector=16 if wide_codes else 8)
 
 
@@ -167,26 +176,12 @@ def _round(v, DTYPE: tl.constexpr, ON: tl.constexpr):
 
 
 @triton.jit
-def _exp_neg(x, PRECISE: tl.constexpr):
-    """fp32 `exp(-x)`: libdevice's on a GPU; `tl.exp` only in Triton's CPU interpreter, which has no
-    libdevice (and is never used to claim bits: tests/test_act_mul_ops.py checks index math there)."""
-    if PRECISE:
-        return libdevice.exp(-x)
-    else:
-        return tl.exp(-x)
-
-
-@triton.jit
-def _tanh(x, PRECISE: tl.constexpr):
-    if PRECISE:
-        return libdevice.tanh(x)
-    else:
+def _tanh(x, MATH: tl.constexpr):
+    """fp32 `tanh`: libdevice's (torch's CUDA `tanhf` and Inductor's); a formula in Triton's CPU interpreter."""
+    if MATH == "interpreter":
         return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
-
-
-@triton.jit
-def _silu(x, PRECISE: tl.constexpr):
-    return tl.math.div_rn(x, 1.0 + _exp_neg(x, PRECISE))
+    else:
+        return libdevice.tanh(x)
 
 
 @triton.jit
@@ -230,23 +225,23 @@ def _act_mul_tile(
     ACT: tl.constexpr,
     ROUND: tl.constexpr,
     DTYPE: tl.constexpr,
-    PRECISE: tl.constexpr,
+    MATH: tl.constexpr,
     WIDEN_Y: tl.constexpr,
 ):
     """`act(g) * u` of fp32 tiles, rounded to DTYPE and widened back (the value y holds; WIDEN_Y: how, see
     `_widen`; "cvt" where y is stored, so that the compiler keeps the product in the dtype)."""
     if ACT == 0:  # silu
-        a = _round(_silu(g, PRECISE), DTYPE, ROUND)
+        a = _round(silu_f32(g, MATH), DTYPE, ROUND)
     elif ACT == 1:  # gelu_tanh
         inner = GELU_BETA * (g + GELU_KAPPA * (g * g * g))
-        a = _round((0.5 * g) * (1.0 + _tanh(inner, PRECISE)), DTYPE, ROUND)
+        a = _round((0.5 * g) * (1.0 + _tanh(inner, MATH)), DTYPE, ROUND)
     elif ACT == 2:  # swiglu_step
-        a = _round(_silu(g, PRECISE), DTYPE, ROUND)
+        a = _round(silu_f32(g, MATH), DTYPE, ROUND)
         a = _round(tl.minimum(a, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
         u = _round(tl.clamp(u, -limit, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
     else:  # swiglu_oai
         g = _round(tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
-        s = _round(tl.math.div_rn(1.0, 1.0 + _exp_neg(_round(g * alpha, DTYPE, ROUND), PRECISE)), DTYPE, ROUND)
+        s = _round(sigmoid_f32(_round(g * alpha, DTYPE, ROUND), MATH), DTYPE, ROUND)
         a = _round(g * s, DTYPE, ROUND)
         u = _round(tl.clamp(u, -limit, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)
         u = _round(u + 1.0, DTYPE, ROUND)
@@ -290,7 +285,7 @@ def _act_mul_kernel(
     ROW_AXIS: tl.constexpr,
     PAD_ROWS: tl.constexpr,
     MX: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    MATH: tl.constexpr,
     WIDEN: tl.constexpr,
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
@@ -313,7 +308,7 @@ def _act_mul_kernel(
         dtype: tl.constexpr = g.dtype
         WIDEN_Y: tl.constexpr = WIDEN if QUANT and not MX.EMIT_Y else "cvt"
         y = _act_mul_tile(
-            _widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, PRECISE_EXP, WIDEN_Y
+            _widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, MATH, WIDEN_Y
         )
         if QUANT:
             if ACT >= 2:  # the clamped forms' limit is a runtime value: zero the masked lanes whatever it is
@@ -356,7 +351,7 @@ def act_mul_launch(
     dev = gate.device
     if scale_rows == 0 or i == 0:
         return outputs, None
-    cfg = config or act_mul_config(m, i, device_sm_count(dev))
+    cfg = config or act_mul_config(m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev))
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     n_tiles = triton.cdiv(m, cfg.block_rows)
@@ -379,7 +374,7 @@ def act_mul_launch(
         ROW_AXIS=row_axis,
         PAD_ROWS=SCALE_PAD_ROWS,
         MX=spec,
-        PRECISE_EXP=dev.type != "cpu",
+        MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
     )
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False)

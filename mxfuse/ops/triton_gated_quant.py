@@ -50,10 +50,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from mxfuse.ops.norm_quant_config import next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
+from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import MxDst, MxSpec, _mx_epilogue, _store_scales, mx_dst, producer_outputs, rule_name
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
@@ -76,28 +76,13 @@ MAX_GRID_Y = 65535
 
 
 @triton.jit
-def _exp(v, PRECISE_EXP: tl.constexpr):
-    """fp32 `exp`: libdevice's precise one on a GPU (CUDA's `expf`, ROCm's `__ocml_exp_f32`); `tl.exp`
-    only in Triton's CPU interpreter, which has no libdevice (and is never used to claim bits)."""
-    if PRECISE_EXP:
-        return libdevice.exp(v)
-    else:
-        return tl.exp(v)
-
-
-@triton.jit
-def _sigmoid(v, BM: tl.constexpr, BC: tl.constexpr, PRECISE_EXP: tl.constexpr):
-    """fp32 `1 / (1 + exp(-v))`: precise exp, correctly rounded divide (torch's CUDA sigmoid)."""
-    return tl.math.div_rn(tl.full([BM, BC], 1.0, tl.float32), _exp(-v, PRECISE_EXP) + 1.0)
-
-
-@triton.jit
-def _gate_activation(v, ACTIVATION: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr, PRECISE_EXP: tl.constexpr):
-    """fp32 silu `v / (1 + exp(-v))` or sigmoid `1 / (1 + exp(-v))` (gated.gate_activation)."""
+def _gate_activation(v, ACTIVATION: tl.constexpr, MATH: tl.constexpr):
+    """fp32 silu `v / (1 + exp(-v))` or sigmoid `1 / (1 + exp(-v))` of the gated norm (gated.gate_activation),
+    with Inductor's division (the norm's contract against torch is a bound: docs/design.md)."""
     if ACTIVATION == "silu":
-        return tl.math.div_rn(v, _exp(-v, PRECISE_EXP) + 1.0)
+        return silu_f32(v, MATH)
     else:
-        return _sigmoid(v, BM, BC, PRECISE_EXP)
+        return sigmoid_f32(v, MATH)
 
 
 @triton.jit
@@ -129,7 +114,7 @@ def _gate_kernel(
     BM: tl.constexpr,
     BC: tl.constexpr,
     MX: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    MATH: tl.constexpr,
 ):
     """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE)."""
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
@@ -137,7 +122,7 @@ def _gate_kernel(
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
-    s = _sigmoid(g.to(tl.float32), BM, BC, PRECISE_EXP)
+    s = sigmoid_f32(g.to(tl.float32), MATH, ROUNDED_DIV=True)
     if ROUND_GATE:
         s = s.to(x.dtype).to(tl.float32)
     yf = x.to(tl.float32) * s
@@ -172,7 +157,7 @@ def _gated_norm_kernel(
     BM: tl.constexpr,
     ROW_AXIS: tl.constexpr,
     MX: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    MATH: tl.constexpr,
 ):
     """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
     padded to GP lanes)."""
@@ -186,7 +171,7 @@ def _gated_norm_kernel(
     z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # the divide's fast path
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
-    act = _gate_activation(z.to(tl.float32), ACTIVATION, BM, GP, PRECISE_EXP)
+    act = _gate_activation(z.to(tl.float32), ACTIVATION, MATH)
     s = x.to(tl.float32)
     if not NORM_BEFORE_GATE:
         s = s * act
@@ -255,7 +240,7 @@ def gate_launch(
         BM=cfg.block_rows,
         BC=cfg.block_cols,
         MX=spec,
-        PRECISE_EXP=x.device.type != "cpu",
+        MATH=math_of(x.device, isa),
     )
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
 
@@ -327,7 +312,7 @@ def gated_norm_launch(
         BM=bm,
         ROW_AXIS=row_axis,
         MX=spec,
-        PRECISE_EXP=x.device.type != "cpu",
+        MATH=math_of(x.device, isa),
     )
     return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False)
 

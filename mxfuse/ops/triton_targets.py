@@ -69,6 +69,15 @@ def sm_count(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else NOMINAL_SMS
 
 
+NOMINAL_L2_BYTES = 50 * 2**20
+"""L2 bytes a launch described on a meta or CPU tensor is dispatched for (an H200's)."""
+
+
+def l2_bytes(dev: torch.device) -> int:
+    """L2 cache bytes of a GPU; `NOMINAL_L2_BYTES` on a meta or CPU device (as `sm_count`)."""
+    return torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else NOMINAL_L2_BYTES
+
+
 def pdl_allowed(isa: Isa) -> bool:
     """Whether kernels of this ISA may be launched with programmatic dependent launch (NVIDIA only)."""
     return isa == "ptx"

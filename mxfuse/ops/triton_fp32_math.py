@@ -1,0 +1,127 @@
+"""fp32 `exp`, SiLU and sigmoid of the producer kernels: Inductor's arithmetic, in fewer instructions.
+
+What vLLM runs today for an activation is Inductor's code for the decomposed graph (`custom_ops`
+`['none']`): `libdevice.exp(-x)`, `+ 1`, and Triton's `/` (`torch/_inductor/codegen/triton.py`,
+`exp` and `truediv`; `div_rn` only under `TORCHINDUCTOR_EMULATE_DIVISION_ROUNDING=1`). On NVIDIA
+that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same fp32 values
+(`MATH` "ptx"), written out so that ptxas gets less to do:
+
+- :func:`exp_f32` is libdevice's `__nv_expf` instruction for instruction (its PTX, read from
+  Triton's libdevice), except that the FMA and the saturate that follows it are one
+  `fma.rn.ftz.sat.f32` (the same value by the PTX definition of `.sat`): 8 instructions, not 9;
+- :func:`div_ge1` is `div.full.f32` for a divisor `d >= 1` or NaN (every `1 + exp(-x)`): the
+  operands scaled by 1/4 when `d > 2**126`, then `x * rcp.approx(d)`, without the subnormal-divisor
+  branch that can never be taken: 5 instructions against 8 for `div.full.f32` and 10 for the
+  correctly rounded `div.rn.f32` (its branch to a slow path included).
+
+The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 14 instructions a
+value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
+differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
+docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py, which also
+checks `exp_f32` against libdevice on every fp32 input and `div_ge1` against `/`).
+
+`MATH` "portable" (AMD, or another NVIDIA-less target): libdevice's (OCML's) `exp` and Triton's `/`,
+what Inductor emits there; "interpreter": `tl.exp` (Triton's CPU interpreter has no libdevice;
+never used to claim bits).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from mxfuse.ops.triton_targets import Isa
+
+Math = Literal["ptx", "portable", "interpreter"]
+
+__all__ = ["Math", "div_ge1", "exp_f32", "math_of", "sigmoid_f32", "silu_f32"]
+
+
+def math_of(device: torch.device, isa: Isa) -> Math:
+    """The `MATH` constexpr of a launch on `device` compiled for `isa`."""
+    if device.type == "cpu":
+        return "interpreter"
+    return "ptx" if isa == "ptx" else "portable"
+
+
+@triton.jit
+def exp_f32(v, MATH: tl.constexpr):
+    """fp32 `exp(v)`: CUDA's `expf` bits on NVIDIA (libdevice's sequence, the saturate folded into its FMA)."""
+    if MATH == "ptx":
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .f32 t, j, f, p;
+            .reg .b32 s;
+            fma.rn.ftz.sat.f32 t, $1, 0f3BBB989D, 0f3F000000;
+            fma.rm.ftz.f32 j, t, 0f437C0000, 0f4B400001;
+            add.rn.f32 f, j, 0fCB40007F;
+            neg.f32 f, f;
+            fma.rn.ftz.f32 f, $1, 0f3FB8AA3B, f;
+            fma.rn.ftz.f32 f, $1, 0f32A57060, f;
+            shl.b32 s, j, 23;
+            ex2.approx.ftz.f32 p, f;
+            mul.rn.f32 $0, p, s;
+            }""",
+            "=r,r",
+            [v],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    elif MATH == "portable":
+        return libdevice.exp(v)
+    else:
+        return tl.exp(v)
+
+
+@triton.jit
+def div_ge1(x, d, MATH: tl.constexpr):
+    """`x / d` for `d >= 1` or NaN: Triton's `/` (on NVIDIA `div.full.f32`, the same bits, its branch-free
+    part only)."""
+    if MATH == "ptx":
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .f32 n, q, r;
+            .reg .pred big;
+            mov.f32 n, $1;
+            mov.f32 q, $2;
+            setp.gt.f32 big, q, 0f7E800000;
+            @big mul.rn.f32 n, n, 0f3E800000;
+            @big mul.rn.f32 q, q, 0f3E800000;
+            rcp.approx.ftz.f32 r, q;
+            mul.rn.f32 $0, n, r;
+            }""",
+            "=r,r,r",
+            [x, d],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        return x / d
+
+
+@triton.jit
+def silu_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
+    """`x / (1 + exp(-x))` (torch's decomposition of `F.silu`): Inductor's `/`, or with ROUNDED_DIV the
+    correctly rounded `div_rn` of torch's eager CUDA kernel."""
+    d = 1.0 + exp_f32(-x, MATH)
+    if ROUNDED_DIV:
+        return tl.math.div_rn(x, d)
+    else:
+        return div_ge1(x, d, MATH)
+
+
+@triton.jit
+def sigmoid_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
+    """`1 / (1 + exp(-x))` (ROUNDED_DIV: as in `silu_f32`)."""
+    one = tl.full(x.shape, 1.0, tl.float32)
+    d = 1.0 + exp_f32(-x, MATH)
+    if ROUNDED_DIV:
+        return tl.math.div_rn(one, d)
+    else:
+        return div_ge1(one, d, MATH)

@@ -1,0 +1,106 @@
+"""GPU tests of the producers' fp32 arithmetic (mxfuse/ops/triton_fp32_math.py), NVIDIA only.
+
+- `exp_f32` ("ptx": libdevice's `__nv_expf` written out, its saturate folded into an FMA) returns
+  libdevice's bits on EVERY fp32 input (2**32 of them; NaN for NaN);
+- `div_ge1` (`div.full.f32` for a divisor >= 1, its branch-free part) returns the bits of Triton's `/`
+  for random numerators and divisors over [1, inf], NaN, the 2**126 edge where `div.full` rescales,
+  and every bf16 numerator;
+- `silu_f32` of every bf16 value is what Inductor computes for `F.silu` of fp32 (torch.compile,
+  default options: `libdevice.exp`, Triton's `/`), bit for bit.
+
+Marked `gpu`, skipped without CUDA or on ROCm ("portable" is Triton's own code there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from gpu_helpers import DEVICE, gpu_test
+from triton.language.extra import libdevice
+
+from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, silu_f32
+from mxfuse.testing import assert_bitwise
+
+pytestmark = pytest.mark.skipif(torch.version.hip is not None, reason="the 'ptx' arithmetic is NVIDIA's")
+
+BLOCK = 4096
+CHUNK = 1 << 28
+
+
+@triton.jit
+def _exp_mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    v = (first_bits + offs).to(tl.uint32).to(tl.int32, bitcast=True).to(tl.float32, bitcast=True)
+    a = exp_f32(v, "ptx")
+    b = libdevice.exp(v)
+    same = (a.to(tl.int32, bitcast=True) == b.to(tl.int32, bitcast=True)) | ((a != a) & (b != b))
+    differ = tl.where((offs < n) & ~same, 1, 0)
+    tl.atomic_add(count_ptr, tl.sum(differ, axis=0))
+
+
+@triton.jit
+def _div_pair(x_ptr, d_ptr, ours_ptr, triton_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    d = tl.load(d_ptr + offs, mask=mask, other=1.0)
+    tl.store(ours_ptr + offs, div_ge1(x, d, "ptx"), mask=mask)
+    tl.store(triton_ptr + offs, x / d, mask=mask)
+
+
+@triton.jit
+def _silu(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, silu_f32(tl.load(x_ptr + offs, mask=mask, other=0.0), "ptx"), mask=mask)
+
+
+def every_bf16_as_fp32() -> torch.Tensor:
+    return (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(DEVICE)
+
+
+@gpu_test
+def test_exp_f32_is_libdevice_on_every_fp32_input():
+    count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for first in range(0, 1 << 32, CHUNK):
+        _exp_mismatches[(CHUNK // BLOCK,)](count, first, CHUNK, BLOCK=BLOCK)
+    assert count.item() == 0, f"exp_f32 differs from libdevice.exp on {count.item()} fp32 inputs"
+
+
+def divisors(n: int, g: torch.Generator) -> torch.Tensor:
+    """fp32 in [1, inf]: every exponent from 0 to 127 (random mantissas), inf, NaN, and the 2**126 edge."""
+    exponent = torch.randint(127, 255, (n,), generator=g, dtype=torch.int32)
+    mantissa = torch.randint(0, 1 << 23, (n,), generator=g, dtype=torch.int32)
+    d = ((exponent << 23) | mantissa).view(torch.float32)
+    edge = torch.tensor([2.0**126, 2.0**127, torch.finfo(torch.float32).max, float("inf"), float("nan"), 1.0, 2.0])
+    edge = torch.cat([edge, torch.nextafter(torch.tensor([2.0**126]), torch.tensor([0.0, 1e38]))])
+    d[: edge.numel()] = edge
+    return d
+
+
+@gpu_test
+def test_div_ge1_is_tritons_division():
+    g = torch.Generator().manual_seed(0)
+    n = 1 << 24
+    x = torch.randint(-(1 << 31), (1 << 31) - 1, (n,), generator=g, dtype=torch.int32).view(torch.float32)
+    x[: 1 << 16] = every_bf16_as_fp32().cpu()
+    d = divisors(n, g)
+    x, d = x.to(DEVICE), d.to(DEVICE)
+    ours, theirs = torch.empty_like(x), torch.empty_like(x)
+    _div_pair[(triton.cdiv(n, BLOCK),)](x, d, ours, theirs, n, BLOCK=BLOCK)
+    nan = ours.isnan() & theirs.isnan()
+    assert_bitwise(torch.where(nan, 0.0, ours), torch.where(nan, 0.0, theirs), "div_ge1 vs /")
+    assert torch.equal(ours.isnan(), theirs.isnan())
+
+
+@gpu_test
+def test_silu_f32_is_inductors_on_every_bf16_value():
+    x = every_bf16_as_fp32()
+    ours = torch.empty_like(x)
+    _silu[(triton.cdiv(x.numel(), BLOCK),)](x, ours, x.numel(), BLOCK=BLOCK)
+    inductor = torch.compile(torch.nn.functional.silu, dynamic=False)(x)
+    nan = ours.isnan() & inductor.isnan()
+    assert_bitwise(torch.where(nan, 0.0, ours), torch.where(nan, 0.0, inductor), "silu_f32 vs Inductor's F.silu")
+    assert torch.equal(ours.isnan(), inductor.isnan())
