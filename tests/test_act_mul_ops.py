@@ -267,18 +267,18 @@ def test_dispatch_blocks_divide_the_intermediate_size():
         for m in (4096, 16384):
             # 16 codes a thread on multi-row tiles of <= 512 columns whose launch's codes fit in half the L2
             wide_codes = 16 if bc <= 512 and m * i <= 25 * 2**20 else 8
-            assert act_mul_config(m, i, 132) == ActMulConfig(2048 // bc, bc, 4, code_vector=wide_codes)
+            assert act_mul_config(m, i, 132) == ActMulConfig(2048 // bc, bc, 4, True, code_vector=wide_codes)
         assert act_mul_config(16384, i, 132, l2_bytes=2**30).code_vector == (16 if bc <= 512 else 8)
         assert i % act_mul_config(1, i, 132).block_cols == 0
-    assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1)  # 112 programs: the most there are
+    assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1, True)  # 112 programs: the most there are
     for m in (1, 4, 16, 64, 256):
         cfg = act_mul_config(m, 1792, 132)
         programs = -(-m // cfg.block_rows) * (1792 // cfg.block_cols)
         assert programs >= 264 or (cfg.block_rows, cfg.block_cols) == (1, 128), (m, cfg)
     assert act_mul_config(16384, 96, 132) == ActMulConfig(
-        16, 128, 4, code_vector=16
+        16, 128, 4, True, code_vector=16
     )  # masked tail: the power of two over I
-    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8, code_vector=16)
+    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8, True, code_vector=16)
 
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():

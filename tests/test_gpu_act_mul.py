@@ -146,7 +146,7 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count))
             out.add(act_mul_config(m, i, count, tile_values=1024))
             out.add(act_mul_config(m, i, count, tile_values=4096, max_warps=8))
-            out.add(act_mul_config(m, i, count, cols_first=True))
+            out.add(act_mul_config(m, i, count, cols_first=False))
             out.add(act_mul_config(m, i, count)._replace(widen="cvt"))
             out.add(act_mul_config(m, i, count)._replace(code_vector=16))
     return out

@@ -848,7 +848,7 @@ def act_variants():
         "prev": _prev_act_config,
         "tile1k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=1024),
         "tile4k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=4096, max_warps=8),
-        "cols": lambda m, i, sm: act_mul_config(m, i, sm, cols_first=True),
+        "rows": lambda m, i, sm: act_mul_config(m, i, sm, cols_first=False),
         "cvt": lambda m, i, sm: act_mul_config(m, i, sm)._replace(widen="cvt"),
         "cv16": lambda m, i, sm: act_mul_config(m, i, sm)._replace(code_vector=16),
     }

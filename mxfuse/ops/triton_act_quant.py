@@ -143,7 +143,7 @@ def block_cols(i: int) -> int:
 
 def act_mul_config(
     m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int = TILE_VALUES,
-    max_warps: int = MAX_WARPS, cols_first: bool = False,
+    max_warps: int = MAX_WARPS, cols_first: bool = True,
 ) -> ActMulConfig:  # fmt: skip
     """`[BM, BC]` tiles of `tile_values` values (the module docstring: BC divides I, BM = tile / BC),
     halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM;
