@@ -278,7 +278,8 @@ def test_dispatch_blocks_divide_the_intermediate_size():
     assert act_mul_config(16384, 96, 132) == ActMulConfig(
         16, 128, 4, True, code_vector=16
     )  # masked tail: the power of two over I
-    assert act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8) == ActMulConfig(16, 256, 8, True, code_vector=16)
+    wide = act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8)
+    assert wide == ActMulConfig(16, 256, 8, True, code_vector=16)
 
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():

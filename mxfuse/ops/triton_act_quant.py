@@ -10,11 +10,10 @@ is the standalone quant's (elementwise but for the block amax, whose `max` is or
 
 Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 
-- ``exp`` and ``tanh`` are libdevice's (``__nv_expf`` / ``__nv_tanhf`` on NVIDIA, OCML's
-  on AMD): accurate to 1-2 ulp, not Triton's ``tl.exp`` (``ex2.approx`` after a multiply,
-  which loses a few more bits on large arguments);
-- SiLU is ``x / (1 + exp(-x))`` and the sigmoid ``1 / (1 + exp(-x))``, both with the
-  correctly rounded ``div_rn`` (torch's decomposition of ``F.silu`` / ``sigmoid``);
+- Inductor's fp32 arithmetic (:mod:`mxfuse.ops.triton_fp32_math`): ``exp`` libdevice's
+  (``__nv_expf``, written out in one instruction fewer; OCML's on AMD), ``tanh`` libdevice's;
+  SiLU ``x / (1 + exp(-x))`` and the sigmoid ``1 / (1 + exp(-x))`` with Triton's ``/``
+  (``div.full.f32`` on NVIDIA, its branch-free part), as Inductor compiles vLLM's native graph;
 - GELU-tanh is torch's formula with torch's constants,
   ``0.5 * x * (1 + tanh(kBeta * (x + 0.044715 * (x * x * x))))``;
 - ``ROUND_EACH_OP`` rounds every op's result to the dtype exactly where the reference does
@@ -26,36 +25,39 @@ Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
   that fp32 y directly. The same values as ``.to(float32)`` and the fp32 multiply ("cvt"), in
   1.5 fewer instructions per value (the kernel is close to issue-bound: docs/perf_notes.md).
 
-Against torch's own CUDA functions the only difference is the last bit or two of an
-fp32 ``exp`` / ``tanh``; docs/design.md ("act·mul producers") states the bound and
-tests/test_gpu_act_mul.py checks it.
+`round_each_op=False` is bit for bit Inductor's code for vLLM's native SiLU·mul; against torch's
+eager CUDA functions the fp32 values differ by an ulp or two, which the rounding hides almost
+always (bf16 SiLU / GELU-tanh: never, over every gate value); docs/design.md ("act·mul producers")
+states the bound and tests/test_gpu_act_mul.py checks both.
 
 Masked lanes (rows past M, columns past I) load zeros, and every activation maps a zero
 gate and a zero up to y = +0 (SiLU 0 / 2, GELU 0.5 * 0 * 1, the clamped forms with their
 finite limit), so their blocks quantize to zero codes and scale byte 0 without a select;
 the clamped forms keep one (their `limit` is a runtime value).
 
-**The dispatch** (:func:`act_mul_config`, a function of I, M and the SM count). The kernel
-moves 5.03 bytes a value and issues ~34 instructions a value (sm_90: the bit contract's
-`expf` and `div_rn` are 19 of them), so at the copy's rate it keeps ~87% of the issue slots
-busy: it runs near the copy only if no lane is masked off and every program has enough
-independent work. BC is the largest power of two up to 1024 that divides I (I % 128 == 0:
-1024 at 14336 and 17408, 512 at 3584 and 1536, 256 at 1792 and 4352, 128 at 2176), so no
-column block is partly empty (1024 columns at I 1792 left a quarter of every second block
-idle), and BM = TILE_VALUES / BC rows, so every program holds 2048 values (16 per thread on
-4 warps, ~10 KB moved) whatever the width: narrow shards get several rows per program
-instead of one short one. Measured on the H200 (docs/perf_notes.md, run 10): 82-85% of the
-copy at M 16384 for every I from 1536 to 17408 (the previous power-of-two-covering dispatch:
-53-64% at I 1536-2176); 1024 or 4096 values per program, 8 warps, or a column-first grid are
-no faster. Tiles of several rows and at most 512 columns lay the codes out 16 a thread
-(`code_vector`: one 16-byte store and one shuffle per block amax; -5..-9% at M >= 4096, 87-89% of
-the copy at M 16384 for I 1536-4352; at 1024 columns it was not faster: run 11, final call). At
-decode sizes (fewer than two programs per SM) BM, then BC, is halved down to
-128 columns so that the grid still covers the SMs. An I that is no multiple of 128 keeps the
-power of two covering it (masked tail; the swizzled layout's padding scale columns then fall
-inside the last block). Every tile computes the same bits (the arithmetic is elementwise and
-the block max order-free), so the choice is free (batch invariance), and `config=` takes any
-`ActMulConfig` (the benchmark's variants, the GPU tests).
+**The dispatch** (:func:`act_mul_config`, a function of I, M, the SM count and the L2 size). The
+kernel moves 5.03 bytes a value and issues ~29-30 instructions a value on sm_90 (the SiLU 14 of them),
+so at the copy's rate it keeps ~75% of the issue slots busy: it runs near the copy only if no lane is
+masked off, every program has enough independent work and the reads stay in long runs. BC is the
+largest power of two up to 1024 that divides I (I % 128 == 0: 1024 at 14336 and 17408, 512 at 3584
+and 1536, 256 at 1792 and 4352, 128 at 2176), so no column block is partly empty (1024 columns at I
+1792 left a quarter of every second block idle), and BM = TILE_VALUES / BC rows, so every program
+holds 2048 values (16 per thread on 4 warps, ~10 KB moved) whatever the width: narrow shards get
+several rows per program instead of one short one (run 10: the previous power-of-two-covering
+dispatch ran at 53-64% of the copy at I 1536-2176). The grid walks the column blocks of a row tile
+first, so programs running together read consecutive bytes of the same rows: 3-5% faster at
+M >= 4096 than row tiles first (run 12; with the heavier `div_rn` arithmetic of run 11 it was not).
+Tiles of several rows and at most 512 columns lay the codes out 16 a thread (`code_vector`: one
+16-byte store and one shuffle per block amax; 1-6% faster) while the launch's codes (M * I bytes)
+fit in half the L2; beyond that the 16-byte code stores ran 10-27% slower than 8 a thread (I
+1792-4352 at M 8192-16384, run 12: the threshold sits between the measured 25 MB, still faster, and
+29 MB, slower, on the H200's 50 MB). 1024 or 4096 values per program, or 8 warps, are no faster. At
+decode sizes (fewer than two programs per SM) BM, then BC, is halved down to 128 columns so that the
+grid still covers the SMs. An I that is no multiple of 128 keeps the power of two covering it
+(masked tail; the swizzled layout's padding scale columns then fall inside the last block). Every
+tile computes the same bits (the arithmetic is elementwise and the block max order-free), so the
+choice is free (batch invariance), and `config=` takes any `ActMulConfig` (the benchmark's variants,
+the GPU tests).
 
 Swizzled scales: after the tiles of the M real rows, a few programs per column block only
 store the zero scale bytes of the padding rows up to pad128(M) (no loads, no memset).
@@ -84,8 +86,14 @@ from mxfuse.ops.triton_mx_quant import (
     row_stride,
     rule_name,
 )
-from mxfuse.ops.triton_targets import NOMINAL_L2_BYTES, Isa, KernelLaunch, device_isa, l2_bytes as device_l2_bytes
-from mxfuse.ops.triton_targets import sm_count as device_sm_count
+from mxfuse.ops.triton_targets import (
+    NOMINAL_L2_BYTES,
+    Isa,
+    KernelLaunch,
+    device_isa,
+    l2_bytes as device_l2_bytes,
+    sm_count as device_sm_count,
+)
 
 __all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch"]
 
@@ -307,9 +315,7 @@ def _act_mul_kernel(
         u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
         dtype: tl.constexpr = g.dtype
         WIDEN_Y: tl.constexpr = WIDEN if QUANT and not MX.EMIT_Y else "cvt"
-        y = _act_mul_tile(
-            _widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, MATH, WIDEN_Y
-        )
+        y = _act_mul_tile(_widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, MATH, WIDEN_Y)
         if QUANT:
             if ACT >= 2:  # the clamped forms' limit is a runtime value: zero the masked lanes whatever it is
                 y = tl.where(mask, y, 0.0)

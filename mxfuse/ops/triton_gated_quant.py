@@ -23,9 +23,11 @@ the same bf16 values). The launch checks and outputs are the act·mul kernel's
 Arithmetic (compiled without FMA contraction):
 
 - sigmoid / silu: `1 / (1 + exp(-v))`, `v / (1 + exp(-v))` with libdevice's precise `exp`
-  (CUDA's `expf`; never `ex2.approx`) and the correctly rounded divide: what torch's CUDA
-  `sigmoid` / `silu` kernels compute (`one / (one + std::exp(-x))` in fp32), bit for bit on
-  the elementwise part.
+  (CUDA's `expf`, written out in :mod:`mxfuse.ops.triton_fp32_math`; never `ex2.approx`). The
+  gate divides with the correctly rounded `div_rn`: what torch's CUDA `sigmoid` computes
+  (`one / (one + std::exp(-x))` in fp32), bit for bit. The gated norm's SiLU divides as
+  Inductor does (`div.full.f32` on NVIDIA, within 2 ulp): its contract is a bound, and `div_rn`
+  made it issue-bound (docs/design.md, "Gated producers").
 - the gated norm's mean square: a `[BM, GP]` tile holds whole groups (GP = the group padded
   to a power of two, >= 128), summed by the fixed pairwise tree of the norm kernels
   (`_pairwise_sum`: the same order for any layout, BM or grid, so fused == unfused and batch
@@ -37,11 +39,9 @@ Grids: the gate is elementwise: `[BM, BC]` tiles of `quant_config`. The gated no
 program per BM rows and one group, row tiles first (`(cdiv(rows, BM), K / G)`; groups first,
 `groups_first=True`, measured 0-3% slower on the H200: docs/perf_notes.md, run 10); a group's
 padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
-rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, so that the SiLU's
-`z / (1 + exp(-z))` of a masked lane takes the divide's fast path: a zero numerator sends
-`div.rn.f32` to its slow path (a serialized subroutine per value), which made the mostly
-masked tiles of small M slower than full ones (4.9 µs at M 1 against 3.3 at M 64); x = 0
-keeps every stored value and the sum of squares as they were. The last group also stores the
+rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, was chosen when the SiLU
+divided with `div.rn.f32`, whose slow path a zero numerator takes (4.9 µs at M 1 against 3.3 at
+M 64); x = 0 keeps every stored value and the sum of squares as they were. The last group also stores the
 zero scale columns past K/32 up to the F8_128x4 padding.
 """
 
