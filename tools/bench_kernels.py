@@ -827,7 +827,12 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
 
 ACT_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
 ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
-ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant")
+ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant", "copy")
+
+
+def act_bytes(m: int, i: int) -> int:
+    """Bytes the fused row-major op moves: gate and up read, codes and scales written (5.03·M·I)."""
+    return 2 * m * 2 * i + m * i + m * scale_columns(i)
 
 
 def _prev_act_config(m, i, sm):
@@ -859,7 +864,8 @@ def act_mul_point(i, m, compiled, liger, log=print):
     unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul kernel),
     `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul on two contiguous halves alone and followed by the quant, and the fused op (row-major)
-    in each of `act_variants()`'s launch shapes ("v:<name>")."""
+    in each of `act_variants()`'s launch shapes ("v:<name>"); "copy": a device-to-device copy moving the
+    same bytes (half read, half written), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
 
     n = n_input_sets(2 * m * 2 * i)
@@ -893,6 +899,10 @@ def act_mul_point(i, m, compiled, liger, log=print):
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
+    half = act_bytes(m, i) // 2
+    copies = [(torch.empty(half, device="cuda", dtype=torch.uint8),) for _ in range(n)]
+    copy_dst = torch.empty(half, device="cuda", dtype=torch.uint8)
+    t("copy", lambda src: copy_dst.copy_(src), copies)
     if liger is not None:
         t("liger", liger, halves)
         t("liger+quant", lambda a, b: tnq.quantize(liger(a, b), False), halves)
@@ -903,18 +913,18 @@ def act_mul_point(i, m, compiled, liger, log=print):
 
 def act_mul_table(results, copy_tbs):
     """Markdown: µs per column, the fused op's TB/s (5.03·M·I bytes) and its ratios (> 1: the fused op faster)."""
-    ratios = " | act / fused | liger / fused | compiled / fused | unfused / fused |"
+    ratios = " | act / fused | liger / fused | compiled / fused | unfused / fused | copy / fused |"
     head = "| I | M | " + " | ".join(ACT_COLUMNS) + " | fused TB/s | % copy" + ratios
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         i, m = r["I"], r["M"]
-        nbytes = 2 * m * 2 * i + m * i + m * scale_columns(i)
+        nbytes = act_bytes(m, i)
         f = r["fused"]
         lines.append(
             f"| {i} | {m} | "
             + " | ".join(f"{r[c]:.1f}" for c in ACT_COLUMNS)
             + f" | {tbs(nbytes, f):.2f} | {100 * tbs(nbytes, f) / copy_tbs:.0f} | {r['act'] / f:.2f} | "
-            + f"{r['liger'] / f:.2f} | {r['compiled'] / f:.2f} | {r['unfused'] / f:.2f} |"
+            + f"{r['liger'] / f:.2f} | {r['compiled'] / f:.2f} | {r['unfused'] / f:.2f} | {r['copy'] / f:.2f} |"
         )
     return "\n".join(lines)
 
@@ -925,7 +935,7 @@ def act_variant_table(results, copy_tbs):
     head = "| I | M | default (BM, BC, warps) | default | " + " | ".join(n[2:] for n in names) + " | best % copy |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
-        nbytes = 2 * r["M"] * 2 * r["I"] + r["M"] * r["I"] + r["M"] * scale_columns(r["I"])
+        nbytes = act_bytes(r["M"], r["I"])
         best = min(r["fused"], *(r[n] for n in names))
         cfg = tuple(r["default_cfg"][:3])
         lines.append(f"| {r['I']} | {r['M']} | {cfg} | {r['fused']:.1f} | " + " | ".join(f"{r[n]:.1f}" for n in names)
