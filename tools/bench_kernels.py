@@ -865,7 +865,8 @@ def act_mul_point(i, m, compiled, liger, log=print):
     `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul on two contiguous halves alone and followed by the quant, and the fused op (row-major)
     in each of `act_variants()`'s launch shapes ("v:<name>"); "copy": a device-to-device copy moving the
-    same bytes (half read, half written), the floor of a launch of this size in the same graph."""
+    same bytes (half read, half written; the faster of an SM kernel and a memcpy node, as
+    `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
 
     n = n_input_sets(2 * m * 2 * i)
@@ -899,10 +900,12 @@ def act_mul_point(i, m, compiled, liger, log=print):
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
-    half = act_bytes(m, i) // 2
-    copies = [(torch.empty(half, device="cuda", dtype=torch.uint8),) for _ in range(n)]
-    copy_dst = torch.empty(half, device="cuda", dtype=torch.uint8)
-    t("copy", lambda src: copy_dst.copy_(src), copies)
+    half = act_bytes(m, i) // 4  # bf16 elements: half the bytes read, half written
+    copies = [(torch.ones(half, device="cuda", dtype=DT),) for _ in range(n)]
+    copy_dst = torch.empty(half, device="cuda", dtype=DT)
+    t("copy_sm", lambda src: torch.neg(src, out=copy_dst), copies)  # a kernel on the SMs
+    t("copy_ce", lambda src: copy_dst.copy_(src), copies)  # a memcpy node (may run on a copy engine)
+    res["copy"] = min(res["copy_sm"], res["copy_ce"])
     if liger is not None:
         t("liger", liger, halves)
         t("liger+quant", lambda a, b: tnq.quantize(liger(a, b), False), halves)
