@@ -1,0 +1,128 @@
+"""The producers' written-out fp32 arithmetic is still the library's, as the Triton installed here compiles it.
+
+mxfuse/ops/triton_fp32_math.py writes out two pieces of NVIDIA code so that the kernels issue fewer
+instructions with the same bits: libdevice's `__nv_expf` (its saturate folded into the first FMA) and
+`div.full.f32`, Triton's `/`, for a divisor >= 1 (without its subnormal-divisor branch). The GPU tests
+(tests/test_gpu_fp32_math.py) prove the bits on the device they run on; these tests, on a CPU, compile
+both the library's code and ours for sm_90 and sm_100 and fail if a Triton / libdevice / ptxas update
+changed the library's side (a constant, an instruction, a threshold), so the copy cannot go stale unseen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from triton.language.extra import libdevice  # noqa: E402
+
+from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32  # noqa: E402
+
+ARCHS = (90, 100)
+
+
+@triton.jit
+def _libdevice_exp(x_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, libdevice.exp(tl.load(x_ptr + offs)))
+
+
+@triton.jit
+def _our_exp(x_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, exp_f32(tl.load(x_ptr + offs), "ptx"))
+
+
+@triton.jit
+def _tritons_division(x_ptr, d_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs) / tl.load(d_ptr + offs))
+
+
+@triton.jit
+def _our_division(x_ptr, d_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, div_ge1(tl.load(x_ptr + offs), tl.load(d_ptr + offs), "ptx"))
+
+
+def compile_for(kernel, n_pointers: int, arch: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    signature = dict.fromkeys(names[:n_pointers], "*fp32")
+    # as the producer kernels are launched: no FMA contraction (`KernelLaunch(fp_fusion=False)`)
+    return triton.compile(
+        ASTSource(kernel, signature, {}), target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False}
+    )
+
+
+def float_ops(ptx: str) -> list[str]:
+    """The opcodes of the PTX instructions that compute (moves, loads, stores and address math left out)."""
+    out = []
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@%p\d+\s+)?([a-z][\w.]*)\s+(.*);", line)
+        if not m or not re.match(r"(fma|add|mul|cvt\.ftz\.sat|ex2|shl|neg|sub)\b", m[1]):
+            continue
+        if m[1].startswith(("add.s", "add.u", "mul.wide", "mul.lo", "shl.b64")):
+            continue
+        out.append(m[1])
+    return out
+
+
+def sass(compiled) -> list[str]:
+    from triton.backends.nvidia import compiler as nvidia
+
+    cuobjdump = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        text = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    lines = [re.sub(r";.*", "", line).split("*/", 1)[-1].strip() for line in text.splitlines()]
+    return [line for line in lines if re.match(r"(@!?P\d )?(FSETP|FMUL|MUFU|FFMA|FSEL|FCHK)", line)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exp_f32_is_libdevices_expf_with_the_saturate_folded(arch):
+    theirs = compile_for(_libdevice_exp, 2, arch).asm["ptx"]
+    ours = compile_for(_our_exp, 2, arch).asm["ptx"]
+    constants = set(re.findall(r"0f[0-9A-F]{8}", theirs))
+    assert constants == set(re.findall(r"0f[0-9A-F]{8}", ours)), "libdevice's expf constants changed"
+    expected = [
+        "fma.rn.ftz.f32", "cvt.ftz.sat.f32.f32", "fma.rm.ftz.f32", "add.rn.f32", "neg.f32", "fma.rn.ftz.f32",
+        "fma.rn.ftz.f32", "shl.b32", "ex2.approx.ftz.f32", "mul.rn.f32",
+    ]  # fmt: skip
+    assert float_ops(theirs) == expected, "libdevice's expf compiles to other instructions now"
+    assert float_ops(ours) == ["fma.rn.ftz.sat.f32", *expected[2:]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_div_ge1_is_div_full_without_its_subnormal_branch(arch):
+    theirs = sass(compile_for(_tritons_division, 3, arch))
+    ours = sass(compile_for(_our_division, 3, arch))
+
+    def shape(lines):  # registers and predicate numbers aside
+        return [re.sub(r"\bR\d+\b", "R", re.sub(r"\bP\d\b", "P", line)).replace(".reuse", "") for line in lines]
+
+    expected_theirs = [
+        "FSETP.GT.AND P, PT, |R|, 8.50705917302346158658e+37, PT",
+        "FSETP.GEU.AND P, PT, |R|, 1.175494350822287508e-38, PT",
+        "@P FMUL R, R, 0.25",
+        "@P FMUL R, R, 0.25",
+        "@!P FMUL R, R, 16777216",
+        "@!P FMUL R, R, 16777216",
+        "MUFU.RCP R, R",
+        "FMUL R, R, R",
+    ]
+    assert shape(theirs) == expected_theirs, f"Triton's / (div.full.f32) compiles differently now: {theirs}"
+    got = shape(ours)
+    assert got[0] in ("FSETP.GT.AND P, PT, R, 8.50705917302346158658e+37, PT", expected_theirs[0]), got  # d >= 1
+    assert got[1:] == ["@P FMUL R, R, 0.25", "@P FMUL R, R, 0.25", "MUFU.RCP R, R", "FMUL R, R, R"], got
