@@ -18,7 +18,10 @@ The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 t
 value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
 differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
 docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py, which also
-checks `exp_f32` against libdevice on every fp32 input and `div_ge1` against `/`).
+checks `exp_f32` against libdevice on every fp32 input and `div_ge1` against `/`). On a CPU,
+tests/test_fp32_math_compiled.py compiles the library's code and ours for sm_90 and sm_100 and fails if
+a Triton update changed the library's side: on Blackwell `div.full.f32` is the same instructions, so the
+equality carries over there (same MUFU on both sides).
 
 `MATH` "portable" (AMD, or another NVIDIA-less target): libdevice's (OCML's) `exp` and Triton's `/`,
 what Inductor emits there; "interpreter": `tl.exp` (Triton's CPU interpreter has no libdevice;
