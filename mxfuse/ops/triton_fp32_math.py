@@ -17,8 +17,9 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
 The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 14 instructions a
 value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
 differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
-docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py, which also
-checks `exp_f32` against libdevice on every fp32 input and `div_ge1` against `/`). On a CPU,
+docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py;
+tests/test_gpu_fp32_math.py checks `exp_f32` against libdevice on every fp32 input, `div_ge1`
+against `/` and the SiLU against Inductor's). On a CPU,
 tests/test_fp32_math_compiled.py compiles the library's code and ours for sm_90 and sm_100 and fails if
 a Triton update changed the library's side: on Blackwell `div.full.f32` is the same instructions, so the
 equality carries over there (same MUFU on both sides).
