@@ -110,22 +110,23 @@ def div_ge1(x, d, MATH: tl.constexpr):
 
 
 @triton.jit
-def silu_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
-    """`x / (1 + exp(-x))` (torch's decomposition of `F.silu`): Inductor's `/`, or with ROUNDED_DIV the
-    correctly rounded `div_rn` of torch's eager CUDA kernel."""
+def _over_one_plus_exp_neg(n, x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr):
+    """`n / (1 + exp(-x))`: Inductor's `/`, or with ROUNDED_DIV the correctly rounded `div_rn` of torch's eager
+    CUDA kernels."""
     d = 1.0 + exp_f32(-x, MATH)
     if ROUNDED_DIV:
-        return tl.math.div_rn(x, d)
+        return tl.math.div_rn(n, d)
     else:
-        return div_ge1(x, d, MATH)
+        return div_ge1(n, d, MATH)
+
+
+@triton.jit
+def silu_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
+    """`x / (1 + exp(-x))` (torch's decomposition of `F.silu`)."""
+    return _over_one_plus_exp_neg(x, x, MATH, ROUNDED_DIV)
 
 
 @triton.jit
 def sigmoid_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
-    """`1 / (1 + exp(-x))` (ROUNDED_DIV: as in `silu_f32`)."""
-    one = tl.full(x.shape, 1.0, tl.float32)
-    d = 1.0 + exp_f32(-x, MATH)
-    if ROUNDED_DIV:
-        return tl.math.div_rn(one, d)
-    else:
-        return div_ge1(one, d, MATH)
+    """`1 / (1 + exp(-x))`."""
+    return _over_one_plus_exp_neg(tl.full(x.shape, 1.0, tl.float32), x, MATH, ROUNDED_DIV)

@@ -168,7 +168,7 @@ def _gated_norm_kernel(
     cols = group * G + j
     mask = (rows < M)[:, None] & (j < G)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # the divide's fast path
+    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # z = 1: the module docstring
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
     act = _gate_activation(z.to(tl.float32), ACTIVATION, MATH)
