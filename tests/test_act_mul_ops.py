@@ -19,7 +19,7 @@ import mxfuse  # noqa: F401
 from mxfuse.models import swiglu_oai_native
 from mxfuse.ops import MxfuseInputError
 from mxfuse.ops.activations import ACTIVATIONS, SWIGLU_LIMIT, SWIGLU_OAI_ALPHA, act_mul_rows
-from mxfuse.testing import assert_bitwise
+from mxfuse.testing import assert_bitwise, assert_same_values
 
 mx = torch.ops.mxfuse
 DTYPES = [torch.bfloat16, torch.float16]
@@ -36,15 +36,6 @@ def gate_up_of(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.T
     gate = every_value(dtype)
     up = special_rows(gate.shape[0], gate.shape[1], torch.float32, seed) * 4
     return gate, up.to(dtype)
-
-
-def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, what: str):
-    """Bitwise, except that two NaN of different payloads count as equal: torch's fp16 GELU kernel
-    returns a NaN of its own for a NaN input (what any kernel does with a payload is not a source's
-    arithmetic; the quant encodes every NaN as NaN)."""
-    nan = actual.isnan() & expected.isnan()
-    assert_bitwise(torch.where(nan, 0, actual), torch.where(nan, 0, expected), what)
-    assert torch.equal(actual.isnan(), expected.isnan()), what
 
 
 # ------------------------------------------------------------- the sources, as written

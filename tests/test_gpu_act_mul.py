@@ -24,7 +24,7 @@ from gpu_helpers import DEVICE, gpu_test
 
 import mxfuse.ops  # noqa: F401
 from mxfuse.ops.activations import ACTIVATIONS
-from mxfuse.testing import assert_bitwise
+from mxfuse.testing import assert_bitwise, assert_same_values
 
 ops = torch.ops.mxfuse
 
@@ -176,19 +176,12 @@ def test_fp32_silu_mul_is_inductors_code_for_vllms_native_form():
     """vLLM's `SiluAndMul.forward_native` compiled by Inductor (dynamic M, as vLLM compiles it) keeps fp32
     from the SiLU to the product; `round_each_op=False` is that arithmetic, bit for bit (`exp` libdevice's,
     the division Triton's `/`: mxfuse/ops/triton_fp32_math.py)."""
-    import torch.nn.functional as F
+    from test_act_mul_ops import vllm_silu_and_mul
 
-    def native(x):
-        d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
-
-    compiled = torch.compile(native, dynamic=True)
+    compiled = torch.compile(vllm_silu_and_mul, dynamic=True)
     for m, i in ((4096, 1792), (257, 14336)):
         x = gate_up_rows(m, i, seed=m)
-        ours, theirs = ops.act_mul(x, "silu", round_each_op=False), compiled(x)
-        assert torch.equal(ours.isnan(), theirs.isnan())
-        nan = ours.isnan()
-        assert_bitwise(ours.masked_fill(nan, 0), theirs.masked_fill(nan, 0), f"M {m} I {i}")
+        assert_same_values(ops.act_mul(x, "silu", round_each_op=False), compiled(x), f"M {m} I {i}")
 
 
 @gpu_test
@@ -198,12 +191,9 @@ def test_bf16_activation_is_torch_eager_on_every_gate_value(activation):
     values (up = 1) are torch's eager CUDA bits, although the kernel divides as Inductor does (the rounding
     to bf16 hides the ulp; fp16 shows one SiLU value of 65536 an ulp apart, so fp16 has the bound only)."""
     import torch.nn.functional as F
+    from test_act_mul_ops import every_value
 
-    g = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(256, 256)
-    g = g.to(DEVICE)
+    g = every_value(torch.bfloat16).to(DEVICE)
     eager = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
     ours = ops.act_mul(torch.cat([g, torch.ones_like(g)], dim=1), activation, round_each_op=True)
-    ref = eager(g)
-    assert torch.equal(ours.isnan(), ref.isnan())
-    nan = ours.isnan()
-    assert_bitwise(ours.masked_fill(nan, 0), ref.masked_fill(nan, 0), f"{activation} of every bf16 gate value")
+    assert_same_values(ours, eager(g), f"{activation} of every bf16 gate value")

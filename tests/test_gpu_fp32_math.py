@@ -18,10 +18,11 @@ import torch
 import triton
 import triton.language as tl
 from gpu_helpers import DEVICE, gpu_test
+from test_act_mul_ops import every_value
 from triton.language.extra import libdevice
 
 from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, silu_f32
-from mxfuse.testing import assert_bitwise
+from mxfuse.testing import assert_same_values
 
 pytestmark = pytest.mark.skipif(torch.version.hip is not None, reason="the 'ptx' arithmetic is NVIDIA's")
 
@@ -58,7 +59,7 @@ def _silu(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 def every_bf16_as_fp32() -> torch.Tensor:
-    return (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(DEVICE)
+    return every_value(torch.bfloat16).float().flatten().to(DEVICE)
 
 
 @gpu_test
@@ -90,9 +91,7 @@ def test_div_ge1_is_tritons_division():
     x, d = x.to(DEVICE), d.to(DEVICE)
     ours, theirs = torch.empty_like(x), torch.empty_like(x)
     _div_pair[(triton.cdiv(n, BLOCK),)](x, d, ours, theirs, n, BLOCK=BLOCK)
-    nan = ours.isnan() & theirs.isnan()
-    assert_bitwise(torch.where(nan, 0.0, ours), torch.where(nan, 0.0, theirs), "div_ge1 vs /")
-    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert_same_values(ours, theirs, "div_ge1 vs /")
 
 
 @gpu_test
@@ -101,6 +100,4 @@ def test_silu_f32_is_inductors_on_every_bf16_value():
     ours = torch.empty_like(x)
     _silu[(triton.cdiv(x.numel(), BLOCK),)](x, ours, x.numel(), BLOCK=BLOCK)
     inductor = torch.compile(torch.nn.functional.silu, dynamic=False)(x)
-    nan = ours.isnan() & inductor.isnan()
-    assert_bitwise(torch.where(nan, 0.0, ours), torch.where(nan, 0.0, inductor), "silu_f32 vs Inductor's F.silu")
-    assert torch.equal(ours.isnan(), inductor.isnan())
+    assert_same_values(ours, inductor, "silu_f32 vs Inductor's F.silu")
