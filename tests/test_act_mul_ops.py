@@ -251,7 +251,7 @@ print("ok")
 
 def test_dispatch_blocks_divide_the_intermediate_size():
     """BC is the largest power of two <= 1024 dividing I (I % 128 == 0), BM * BC the tile, halved at decode
-    sizes while the grid has fewer than two programs per SM; warps: a 16-byte load of each input per thread."""
+    sizes while the grid has fewer than two programs per SM; 16 values a thread at large M."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     for i, bc in ((14336, 1024), (17408, 1024), (3584, 512), (4352, 256), (1792, 256), (2176, 128), (1536, 512)):
@@ -266,11 +266,33 @@ def test_dispatch_blocks_divide_the_intermediate_size():
         cfg = act_mul_config(m, 1792, 132)
         programs = -(-m // cfg.block_rows) * (1792 // cfg.block_cols)
         assert programs >= 264 or (cfg.block_rows, cfg.block_cols) == (1, 128), (m, cfg)
-    assert act_mul_config(16384, 96, 132) == ActMulConfig(
+    assert act_mul_config(65536, 96, 132) == ActMulConfig(
         16, 128, 4, True, code_vector=16
     )  # masked tail: the power of two over I
     wide = act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8)
     assert wide == ActMulConfig(16, 256, 8, True, code_vector=16)
+
+
+def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident_threads():
+    """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that, then 16; the warps
+    follow (the tile's values at that many a thread, at most 4)."""
+    from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config, values_per_thread
+
+    for m, i, want in ((64, 14336, 4), (150, 14336, 8), (151, 14336, 16), (1024, 1792, 8), (1206, 1792, 8)):
+        assert values_per_thread(m, i, 132) == want, (m, i)
+    assert values_per_thread(1207, 1792, 132) == 16
+    assert values_per_thread(64, 14336, 64) == 8  # fewer SMs: fewer resident threads
+    assert act_mul_config(16, 14336, 132) == ActMulConfig(1, 512, 4, True)  # 448 programs of 4 values a thread
+    assert act_mul_config(64, 14336, 132) == ActMulConfig(1, 512, 4, True)
+    assert act_mul_config(64, 17408, 132) == ActMulConfig(1, 1024, 4, True)  # 8 a thread
+    assert act_mul_config(1024, 1792, 132) == ActMulConfig(4, 256, 4, True)
+    assert act_mul_config(256, 2176, 132) == ActMulConfig(4, 128, 4, True)
+    assert act_mul_config(64, 1792, 132) == ActMulConfig(1, 256, 2, True)  # halved: 2 warps of 4 a thread
+    for m in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+        for i in (14336, 17408, 3584, 4352, 1792, 2176, 1536):
+            cfg = act_mul_config(m, i, 132)
+            per_thread = cfg.block_rows * cfg.block_cols // (32 * cfg.num_warps)
+            assert per_thread <= values_per_thread(m, i, 132), (m, i, cfg)
 
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():

@@ -145,7 +145,9 @@ def every_launch_shape(i: int) -> set:
         for count in (sm, 8):
             out.add(act_mul_config(m, i, count))
             out.add(act_mul_config(m, i, count, tile_values=1024))
+            out.add(act_mul_config(m, i, count, tile_values=2048))  # 16 a thread at every M
             out.add(act_mul_config(m, i, count, tile_values=4096, max_warps=8))
+            out.add(act_mul_config(m, i, count, tile_values=2048, max_warps=8))
             out.add(act_mul_config(m, i, count, cols_first=False))
             out.add(act_mul_config(m, i, count)._replace(widen="cvt"))
             out.add(act_mul_config(m, i, count)._replace(code_vector=16))

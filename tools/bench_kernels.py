@@ -835,14 +835,18 @@ def act_bytes(m: int, i: int) -> int:
     return 2 * m * 2 * i + m * i + m * scale_columns(i)
 
 
-def _prev_act_config(m, i, sm):
-    """The dispatch before 2026-12-02's sweep: BC the power of two covering I (<= 1024), 1 row (2 above I 4096)."""
-    from mxfuse.ops.triton_act_quant import ActMulConfig
+def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
+    """The dispatch of runs 12-13 (before 2026-12-05): 2048-value tiles halved at decode sizes, 8 values a
+    thread once halved (one warp per 256 values), whatever M * I."""
+    from mxfuse.ops.triton_act_quant import ActMulConfig, block_cols
 
-    bc, bm = max(128, min(1024, triton.next_power_of_2(i))), 2 if i > 4096 else 1
+    bc = block_cols(i)
+    bm = max(1, 2048 // bc)
     while -(-m // bm) * -(-i // bc) < 2 * sm and (bm > 1 or bc > 128):
         bm, bc = (bm // 2, bc) if bm > 1 else (bm, bc // 2)
-    return ActMulConfig(bm, bc, max(1, min(4, bc // 128)), widen="cvt")
+    warps = max(1, min(4, bm * bc // 256))
+    wide = bc <= 512 and bm * bc >= 16 * 32 * warps and m * i <= l2_bytes // 2
+    return ActMulConfig(bm, bc, warps, True, code_vector=16 if wide else 8)
 
 
 def act_variants():
@@ -850,11 +854,10 @@ def act_variants():
     from mxfuse.ops.triton_act_quant import act_mul_config
 
     return {
-        "prev": _prev_act_config,
+        "run12": _run12_act_config,
         "tile1k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=1024),
         "tile4k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=4096, max_warps=8),
-        "rows": lambda m, i, sm: act_mul_config(m, i, sm, cols_first=False),
-        "cvt": lambda m, i, sm: act_mul_config(m, i, sm)._replace(widen="cvt"),
+        "w8": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048, max_warps=8),
         "cv16": lambda m, i, sm: act_mul_config(m, i, sm)._replace(code_vector=16),
     }
 

@@ -41,10 +41,14 @@ so at the copy's rate it keeps ~75% of the issue slots busy: it runs near the co
 masked off, every program has enough independent work and the reads stay in long runs. BC is the
 largest power of two up to 1024 that divides I (I % 128 == 0: 1024 at 14336 and 17408, 512 at 3584
 and 1536, 256 at 1792 and 4352, 128 at 2176), so no column block is partly empty (1024 columns at I
-1792 left a quarter of every second block idle), and BM = TILE_VALUES / BC rows, so every program
-holds 2048 values (16 per thread on 4 warps, ~10 KB moved) whatever the width: narrow shards get
-several rows per program instead of one short one (run 10: the previous power-of-two-covering
-dispatch ran at 53-64% of the copy at I 1536-2176). The grid walks the column blocks of a row tile
+1792 left a quarter of every second block idle), and BM = tile / BC rows, so every program holds
+the same number of values whatever the width: narrow shards get several rows per program instead
+of one short one (run 10: the previous power-of-two-covering dispatch ran at 53-64% of the copy at I
+1536-2176). The tile is `values_per_thread` on 4 warps: 16 a thread (2048 values, ~10 KB moved) at
+large M, but 4 while the launch's M * I values fit in the SMs' resident threads at 4 a thread (2048 a
+SM), and 8 while they fit at 8: with every thread resident at once, more values a thread only
+lengthens each thread's dependent chain (run 12: 8-16 a thread at M 16-1024 were 0.1-0.5 µs slower
+than 4-8, e.g. I 14336 M 16 2.6 against 2.2 µs). The grid walks the column blocks of a row tile
 first, so programs running together read consecutive bytes of the same rows: 3-5% faster at
 M >= 4096 than row tiles first (run 12; with the heavier `div_rn` arithmetic of run 11 it was not).
 Tiles of several rows and at most 512 columns lay the codes out 16 a thread (`code_vector`: one
@@ -95,7 +99,7 @@ from mxfuse.ops.triton_targets import (
     sm_count as device_sm_count,
 )
 
-__all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch"]
+__all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch", "values_per_thread"]
 
 ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_step": 2, "swiglu_oai": 3}
 GELU_BETA = tl.constexpr(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5)
@@ -105,11 +109,12 @@ GELU_KAPPA = tl.constexpr(0.044715)
 MIN_BLOCK_COLS = 128
 """4 scale columns: the F8_128x4 layout's column padding is then inside the last block."""
 MAX_BLOCK_COLS = 1024
-TILE_VALUES = 2048
-"""Values per program at large M (BM * BC): 16 per thread on 4 warps."""
 MAX_WARPS = 4
-VALUES_PER_WARP = 256
-"""8 values (one 16-byte load of each input) per thread at least."""
+LARGE_VALUES_PER_THREAD = 16
+"""Values a thread at large M: tiles of 2048 values on 4 warps."""
+SMALL_VALUES_PER_THREAD = (4, 8)
+"""... and while the launch fits in the resident threads: shorter chains, one load of each input in flight."""
+RESIDENT_THREADS_PER_SM = 2048
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
 SCALE_PAD_ROWS = 128
@@ -149,15 +154,27 @@ def block_cols(i: int) -> int:
     return max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
 
 
+def values_per_thread(m: int, i: int, sm_count: int) -> int:
+    """4, 8 or 16: the fewest values a thread with which the launch's M * I values fit in the threads the
+    SMs hold at once (2048 each); 16 beyond (the module docstring)."""
+    for v in SMALL_VALUES_PER_THREAD:
+        if m * i <= v * sm_count * RESIDENT_THREADS_PER_SM:
+            return v
+    return LARGE_VALUES_PER_THREAD
+
+
 def act_mul_config(
-    m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int = TILE_VALUES,
+    m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int | None = None,
     max_warps: int = MAX_WARPS, cols_first: bool = True,
 ) -> ActMulConfig:  # fmt: skip
-    """`[BM, BC]` tiles of `tile_values` values (the module docstring: BC divides I, BM = tile / BC),
-    halved (rows first, then columns, down to 128) while the grid has fewer than 2 programs per SM;
-    warps: one per 256 values, at most `max_warps`; 16 codes a thread on tiles of <= 512 columns and 16
-    values a thread while the codes fit in half of `l2_bytes`."""
-    bc = block_cols(i)
+    """`[BM, BC]` tiles of `tile_values` values (default: `values_per_thread` on `max_warps` warps; BC divides
+    I, BM = tile / BC), halved (rows first, then columns, down to 128) while the grid has fewer than 2
+    programs per SM; warps: the tile's values at that many a thread, 1 .. `max_warps`; 16 codes a thread on
+    tiles of <= 512 columns and 16 values a thread while the codes fit in half of `l2_bytes`."""
+    if tile_values is None:
+        tile_values = values_per_thread(m, i, sm_count) * 32 * max_warps
+    per_warp = tile_values // max_warps
+    bc = min(block_cols(i), max(MIN_BLOCK_COLS, tile_values))
     bm = max(1, tile_values // bc)
 
     def programs(bm: int, bc: int) -> int:
@@ -168,7 +185,7 @@ def act_mul_config(
             bm //= 2
         else:
             bc //= 2
-    warps = max(1, min(max_warps, bm * bc // VALUES_PER_WARP))
+    warps = max(1, min(max_warps, bm * bc // per_warp))
     wide_codes = (
         bc <= WIDE_CODES_MAX_COLS and bm * bc >= 16 * 32 * warps and m * i <= WIDE_CODES_MAX_L2_SHARE * l2_bytes
     )
