@@ -637,7 +637,7 @@ def test_variants_bitwise(k, has_res, swizzled):
                 # without y (the bf16x2 variant rounds y in registers only then)
                 no_y = tnq.fused_norm_quant(x, r, w, EPS, swizzled=swizzled, config=cfg)
                 assert_outputs(no_y, want, f"{name} K={k} M={m} fused (no y) vs unfused", emit_y=False)
-                first = by_arith.setdefault((cfg.tree, cfg.rsqrt, cfg.num_warps), (name, got))
+                first = by_arith.setdefault((cfg.tree, cfg.rsqrt, kv.layout_of(name, k)), (name, got))
                 assert_outputs(got, first[1], f"{name} vs {first[0]} K={k} M={m}")
                 if m == 37:  # y vs the CPU reference: the bound of test_norm_matches_cpu_reference
                     want_y = (reference.gemma_fused_add_rmsnorm(x.cpu(), r.cpu(), w.cpu(), EPS)[0] if r is not None
@@ -672,11 +672,22 @@ def test_config_values_are_checked():
     with pytest.raises(ValueError, match="persistent"):
         NormConfig(persistent=1, split=2)
     kv = kernel_variants()
-    for name in kv.VARIANTS:  # every variant keeps the default row layout of its K
-        for k in (160, 3072, 6144):
+    for name in kv.VARIANTS:  # every variant keeps the default row layout of its K (or the one it names)
+        for k in (160, 2048, 3072, 6144):
             cfg = kv.variant(name, k)
-            warps = kv.norm_config(k).num_warps * kv.WARPS_FACTOR.get(name, 1)
+            if name in kv.DISPATCH and kv.DISPATCH[name][1] is not None:
+                bm, warps, chunk_cols = kv.wide_chunk_layout(k, kv.DISPATCH[name][1])
+                assert (cfg.block_rows, cfg.chunk_cols) == (bm, chunk_cols), (name, k)
+            else:
+                warps = kv.norm_config(k).num_warps * kv.WARPS_FACTOR.get(name, 1)
+                assert cfg.chunk_cols == 0, (name, k)
             assert cfg.num_warps == warps and kv.variant_of(cfg, k) is not None, (name, k)
+            # the row layout is a function of K only: the same at every M (batch invariance)
+            for m in (1, 64, 1024, 16384):
+                for plain in (False, True):
+                    at_m = kv.variant(name, k, m, plain_quant=plain)
+                    assert (at_m.num_warps, at_m.chunk_cols) == (cfg.num_warps, cfg.chunk_cols), (name, k, m)
+                    assert at_m.block_rows == cfg.block_rows or name not in kv.DISPATCH, (name, k, m)
 
 
 # ------------------------------------------------------------------ swizzled padding

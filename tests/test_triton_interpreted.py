@@ -235,7 +235,57 @@ CHECK_NORM = textwrap.dedent(
     """
 )
 
-CHECKS = {"scales": CHECK_SCALES, "quant_stores": CHECK_QUANT_STORES, "norm": CHECK_NORM}
+CHECK_NORM_LAYOUTS = textwrap.dedent(
+    """
+    # the candidate row layouts of tools/kernel_variants.py (`wide_chunk_layout`: other chunk
+    # widths and warps, NormConfig.chunk_cols) at the dispatch's configs of a few M: the index
+    # math of every load and store (scales of the emitted y, codes, y against the CPU reference
+    # within a bf16 bound, the unfused norm's y and residual_out, the packed form)
+    from mxfuse.ops.norm_quant_config import wide_chunk_layout
+
+    def launch(x, r, w, quant, config, **kw):
+        outputs, launch = triton_norm_quant.norm_launch(x, r, w, 1e-6, quant=quant, isa="portable", config=config,
+                                                        **kw)
+        poisoned(outputs)
+        launch.run()
+        return outputs
+
+    seen = set()
+    for (m, k), min_warps, has_res in itertools.product([(2, 1024), (1, 2048), (67, 2048), (3, 2560)], (4, 8),
+                                                        (False, True)):
+        layout = wide_chunk_layout(k, min_warps)
+        cfg = norm_config(k, m, plain_quant=not has_res, isa="portable", layout=layout)
+        seen.add((k, cfg.num_warps, row_chunks(k, cfg.chunk_cols), cfg.split))
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        r = torch.randn(m, k, generator=g).to(torch.bfloat16) if has_res else None
+        w = torch.randn(k, generator=g).to(torch.bfloat16)
+        want_y = (reference.gemma_fused_add_rmsnorm(x, r, w, 1e-6)[0] if has_res
+                  else reference.gemma_rmsnorm(x, w, 1e-6))
+        for swizzled in (False, True):
+            codes, scales, res, y = launch(x, r, w, True, cfg, swizzled=swizzled, emit_y=True)
+            assert torch.allclose(y.float(), want_y.float(), rtol=2**-6, atol=1e-3), (m, k, min_warps, swizzled)
+            _, want = want_scales(y, swizzled, QuantRule.DEFAULT)
+            assert torch.equal(scales, want), (m, k, min_warps, swizzled, where(scales, want))
+            q_codes, _ = run_quant(y, False, QuantRule.DEFAULT)
+            assert torch.equal(u8(codes), u8(q_codes)), (m, k, min_warps, swizzled, where(u8(codes), u8(q_codes)))
+            codes2, scales2, _, _ = launch(x, r, w, True, cfg, swizzled=swizzled)
+            assert torch.equal(u8(codes2), u8(codes)) and torch.equal(scales2, scales), (m, k, min_warps, swizzled)
+        packed = torch.full((m, k + k // 32), POISON, dtype=torch.uint8)
+        launch(x, r, w, True, cfg, out_codes=packed[:, :k].view(torch.float8_e4m3fn), out_scales=packed[:, k:])
+        codes, scales, _, _ = launch(x, r, w, True, cfg)
+        assert torch.equal(packed, torch.cat([u8(codes), scales], dim=1)), (m, k, min_warps, has_res)
+        _, _, res_n, y_n = launch(x, r, w, False, norm_config(k, m, isa="portable", layout=layout))
+        assert torch.equal(y_n, y), (m, k, min_warps, has_res)
+        if has_res:
+            assert torch.equal(res_n, res), (m, k, min_warps, where(res_n, res))
+    # 1, 2 and 3 chunks of the new widths, 4 and 8 warps, split rows and not
+    assert {nch for _, _, (_, nch), _ in seen} == {1, 2, 3}, seen
+    assert {nw for _, nw, _, _ in seen} == {4, 8} and {sp > 1 for *_, sp in seen} == {True, False}, seen
+    """
+)
+
+CHECKS = {"scales": CHECK_SCALES, "quant_stores": CHECK_QUANT_STORES, "norm": CHECK_NORM,
+          "norm_layouts": CHECK_NORM_LAYOUTS}  # fmt: skip
 
 RUNNER = textwrap.dedent(
     """

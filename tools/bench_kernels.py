@@ -354,7 +354,9 @@ def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print, lean=
         for kind in KINDS
     }
     for vname in variants:
-        cfg = None if vname == DEFAULT else variant(vname, k)
+        # a DISPATCH variant follows the dispatch at this M (the fused plain norm has its own rule)
+        cfg = None if vname == DEFAULT else variant(vname, k, m)
+        cfg_plain = None if vname == DEFAULT else variant(vname, k, m, plain_quant=True)
         for swz in (False, True):
             sfx = "_swz" if swz else ""
             t(
@@ -363,7 +365,7 @@ def bench_point(k, m, variants, compiled=None, flashinfer=None, log=print, lean=
             )
             t(
                 f"{vname}/fused_plain{sfx}",
-                lambda x, r, s=swz, c=cfg: tnq.fused_norm_quant(x, None, w, EPS, swizzled=s, config=c),
+                lambda x, r, s=swz, c=cfg_plain: tnq.fused_norm_quant(x, None, w, EPS, swizzled=s, config=c),
             )
             if lean:
                 continue

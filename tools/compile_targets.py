@@ -15,6 +15,7 @@ whole program is the hot path; it includes cold paths such as the swizzled paddi
 
     PYTHONPATH=. python3 tools/compile_targets.py                 # the table for docs/perf_notes.md
     PYTHONPATH=. python3 tools/compile_targets.py --targets cuda:90 --jobs 2
+    PYTHONPATH=. python3 tools/compile_targets.py --targets cuda:90,cuda:100,hip:gfx950 --variants dispatch-w8
 
 tests/test_targets_compile.py compiles the same cases and fails on any compile error,
 spill or scratch use. Works with Triton 3.6 and 3.8.
@@ -201,6 +202,34 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     return cases
 
 
+VARIANT_KS = (2048, 3072, 4096)
+"""Hidden sizes `--variants` compiles the benchmark variants at (the decode gap of issue #31)."""
+
+
+def variant_cases(isa: str, names: list[str]) -> list[Case]:
+    """tools/kernel_variants.py's variants `names` at VARIANT_KS, each in the launch shapes the
+    dispatch picks for it: the split row (M 1) with every flag on, the fused add at M 64
+    (evict_first or a split row), and at M 16384 the fused plain norm (swizzled; where the
+    pipelined persistent loop runs) and the unfused plain norm."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)  # kernel_variants sits next to this file
+    import kernel_variants as kv
+
+    cases = []
+    for name in names:
+        for k in VARIANT_KS:
+            plan = [("fused add all-flags", 1, True, True, HEAVY), ("fused add", 64, True, True, {}),
+                    ("fused plain swizzled", 16384, False, True, dict(swizzled=True)),
+                    ("norm plain", 16384, False, False, {})]  # fmt: skip
+            for what, m, residual, quant, flags in plan:
+                cfg = kv.variant(name, k, m, plain_quant=quant and not residual)
+                case = _norm_case(f"{name} {what} K{k} M{m}", isa, k, m, residual=residual, quant=quant, config=cfg,
+                                  **flags)  # fmt: skip
+                cases.append(case)
+    return cases
+
+
 CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (
     norm_cases,
     quant_cases,
@@ -210,12 +239,14 @@ CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (
 )
 
 
-def cases_for(target: str, exhaustive: bool = False) -> list[Case]:
+def cases_for(target: str, exhaustive: bool = False, variants: tuple[str, ...] = ()) -> list[Case]:
     """Every case for `backend:arch`, each distinct compile once (same kernel, arguments'
-    specialization and constexprs: the same binary)."""
+    specialization and constexprs: the same binary); `variants`: instead, the cases of
+    :func:`variant_cases` for these kernel variants."""
     isa = isa_of_target(target.split(":")[0])
     out, seen = [], set()
-    for source in CASE_SOURCES:
+    sources = [lambda isa, exhaustive: variant_cases(isa, list(variants))] if variants else CASE_SOURCES
+    for source in sources:
         for case in source(isa, exhaustive):
             key = _compile_key(case.launch)
             if key not in seen:
@@ -380,30 +411,34 @@ def compile_case(spec: str, case: Case, instructions: bool = True) -> tuple[Reso
 
 
 @functools.cache
-def _cases(spec: str, exhaustive: bool) -> list[Case]:
-    return cases_for(spec, exhaustive)
+def _cases(spec: str, exhaustive: bool, variants: tuple[str, ...] = ()) -> list[Case]:
+    return cases_for(spec, exhaustive, variants)
 
 
-def _compile_indexed(spec: str, exhaustive: bool, index: int, instructions: bool) -> tuple[Resources | None, str]:
+def _compile_indexed(
+    spec: str, exhaustive: bool, index: int, instructions: bool, variants: tuple[str, ...] = ()
+) -> tuple[Resources | None, str]:
     """`compile_case` of case `index` of `spec` (a worker rebuilds the cases: launches do not pickle)."""
-    return compile_case(spec, _cases(spec, exhaustive)[index], instructions)
+    return compile_case(spec, _cases(spec, exhaustive, variants)[index], instructions)
 
 
 def compile_all(
-    specs, jobs: int = 1, exhaustive: bool = False, instructions: bool = True
+    specs, jobs: int = 1, exhaustive: bool = False, instructions: bool = True, variants: tuple[str, ...] = ()
 ) -> dict[str, list[tuple[Case, Resources | None, str]]]:
     """{target: [(case, resources, error)]} over every case of every target, on `jobs` processes
-    (`instructions=False`: no instruction counts, which need a SASS dump per NVIDIA case).
+    (`instructions=False`: no instruction counts, which need a SASS dump per NVIDIA case;
+    `variants`: the kernel variants' cases instead, :func:`variant_cases`).
 
     Each target gets its own worker processes: Triton 3.6 carries gfx950's fp8 lowering into a
     later gfx942 compile in the same process (`v_cvt_scalef32_pk_fp8_f32` "not supported on
     this GPU"); alone, each target compiles."""
     out: dict[str, list] = {}
     for spec in specs:
-        n = len(_cases(spec, exhaustive))
+        n = len(_cases(spec, exhaustive, variants))
         with ProcessPoolExecutor(max(1, jobs)) as pool:
-            results = list(pool.map(_compile_indexed, [spec] * n, [exhaustive] * n, range(n), [instructions] * n))
-        out[spec] = [(case, res, err) for case, (res, err) in zip(_cases(spec, exhaustive), results)]
+            results = list(pool.map(_compile_indexed, [spec] * n, [exhaustive] * n, range(n), [instructions] * n,
+                                    [variants] * n))  # fmt: skip
+        out[spec] = [(case, res, err) for case, (res, err) in zip(_cases(spec, exhaustive, variants), results)]
     return out
 
 
@@ -449,9 +484,20 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--only", default="", help="keep the cases whose name contains this")
     ap.add_argument("--exhaustive", action="store_true", help="every K class at every M class, each flag alone")
+    ap.add_argument(
+        "--variants", default="", help="instead: these tools/kernel_variants.py variants (comma separated) at K 2048-4096"
+    )
     args = ap.parse_args(argv)
     specs = [s for s in args.targets.split(",") if s]
-    results = compile_all(specs, args.jobs, args.exhaustive)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if variants:
+        variant_cases("ptx", [])  # puts tools/ on sys.path
+        import kernel_variants
+
+        unknown = [v for v in variants if v not in kernel_variants.VARIANTS]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {list(kernel_variants.VARIANTS)}")
+    results = compile_all(specs, args.jobs, args.exhaustive, variants=variants)
     bad = 0
     for spec in specs:
         rows = [r for r in results[spec] if args.only in r[0].name]

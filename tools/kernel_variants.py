@@ -9,6 +9,13 @@ has their numbers. Import with `tools/` on `sys.path` (as bench_kernels does). R
 `pdl-*` forms of the decode configs (programmatic dependent launch, NVIDIA only: the GPU tests
 check that they give the same bits; their speed only shows between PDL launches,
 tools/bench_gemm.py --pdl-only).
+
+The `dispatch-*` variants (issue #31) are the default dispatch itself (`norm_config(k, m)`, every
+choice that follows M) with one change (`DISPATCH`): `dispatch-bits` unpacks bf16 with one integer
+op a value (same bits as the default); `dispatch-ch8` and `dispatch-w8` another row layout, a
+function of K only (`norm_quant_config.wide_chunk_layout`: chunks of at least 8 values a thread,
+at least 4 or 8 warps a row), so other bits than the default at the K where the layout differs
+(K 288..2048 for ch8, K 288..4096 for w8), the same bits fused and unfused, and batch invariant.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from mxfuse.ops.norm_quant_config import NormConfig, norm_config, row_chunks
+from mxfuse.ops.norm_quant_config import NormConfig, norm_config, row_chunks, wide_chunk_layout
+
 
 VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
     {
@@ -45,20 +53,40 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "split2-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2"),
         "pdl-split-bf16x2": NormConfig(split=2, quant_ops="hw-bf16x2", pdl=True),
         "pdl-evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2", pdl=True),
+        # the default dispatch with one change (DISPATCH); the entry's own fields are not used
+        "dispatch-bits": NormConfig(unpack="bits"),
+        "dispatch-ch8": NormConfig(),
+        "dispatch-w8": NormConfig(),
     }
 )
+DISPATCH: Mapping[str, tuple[dict, int | None]] = MappingProxyType(
+    {
+        "dispatch-bits": (dict(unpack="bits"), None),
+        "dispatch-ch8": ({}, 4),
+        "dispatch-w8": ({}, 8),
+    }
+)
+"""Variants that are `norm_config(k, m, layout=...)` with these field changes: (fields, min_warps
+of `wide_chunk_layout`, None: the default row layout)."""
 WARPS_FACTOR = {"split-2xwarps": 2}
 """Variants with another row layout than their K's default (so other bits: a decode-size probe only)."""
 SPLIT_PARTS = {"split2-bf16x2": 2}
 """Variants whose row is split over this many programs (the others: `split` > 1 means one per chunk)."""
 
 
-def variant(name: str, k: int) -> NormConfig:
+def variant(name: str, k: int, m: int | None = None, plain_quant: bool = False) -> NormConfig:
     """`VARIANTS[name]` with the default launch shape for K: its block_rows multiply a
     one-row default tile (K >= 2048; the rows then sit in registers of the same threads,
     the same per-row layout), split > 1 means one program per chunk, and `persistent` counts
     programs of 8 warps per SM (the loop, its weight hoisted, takes 64-78 registers a thread
-    from ptxas for sm_90: 3 programs of 8 warps fit at 78, 4 at 64)."""
+    from ptxas for sm_90: 3 programs of 8 warps fit at 78, 4 at 64).
+
+    A `DISPATCH` variant is the default dispatch for (K, M, plain_quant) with its change (M
+    None: its config at M = 1, a row split over its chunks)."""
+    if name in DISPATCH:
+        fields, min_warps = DISPATCH[name]
+        layout = None if min_warps is None else wide_chunk_layout(k, min_warps)
+        return norm_config(k, 1 if m is None else m, plain_quant=plain_quant, layout=layout).replace(**fields)
     base = norm_config(k)
     entry = VARIANTS[name]
     cfg = entry.replace(
@@ -69,6 +97,13 @@ def variant(name: str, k: int) -> NormConfig:
     if cfg.persistent:
         cfg = cfg.replace(persistent=max(1, entry.persistent * 8 // cfg.num_warps))
     return cfg
+
+
+def layout_of(name: str, k: int) -> tuple[int, int]:
+    """(num_warps, chunk columns) of the row layout variant `name` runs at K: the default's,
+    but for WARPS_FACTOR and the `DISPATCH` layouts."""
+    cfg = variant(name, k)
+    return cfg.num_warps, row_chunks(k, cfg.chunk_cols)[0]
 
 
 def variant_of(config: NormConfig, k: int) -> str | None:

@@ -50,6 +50,9 @@ SCALE_STORES = ("in_place", "tl_store")
 """Scale bytes stored from the reduction's own layout (inline `st.global.u8`) or through `tl.store`."""
 SCALE_PADDINGS = ("fill", "norm")
 """F8_128x4 padding rows: zero-filled by store-only programs, or run through the norm on zero rows."""
+UNPACKS = ("cvt", "bits")
+"""bf16 -> fp32 of the loaded rows and weight: `.to(float32)` (ptxas: a PRMT and a shift for every
+odd value) or, on NVIDIA, the bits moved by one integer op a value (`bits`; the same bits)."""
 
 TILE_VALUES = 2048
 """Values of a tile at least: short rows are stacked (BM = TILE_VALUES / padded row, <= 16)."""
@@ -74,6 +77,8 @@ MIN_CHUNK = 128
 """Smallest chunk of a row (columns): every chunk covers whole F8_128x4 column groups."""
 MAX_CHUNKS = 4
 """Chunks per row at most: the squares are added elementwise across them, then `tl.sum`."""
+THREAD_CHUNK_VALUES = 8
+"""Values a thread holds of one chunk in :func:`wide_chunk_layout` (a benchmark candidate)."""
 
 
 def _check(config: object, field: str, allowed: tuple) -> None:
@@ -106,6 +111,11 @@ class NormConfig:
     - pdl: programmatic dependent launch (NVIDIA sm_90+; a hint that other targets drop): the
       kernel waits (`griddepcontrol.wait`) before its first load and lets the next kernel launch
       (`launch_dependents`) right after.
+    - chunk_cols: columns of a chunk of the row (0: :func:`row_chunks`' default, max(128,
+      next_pow2(K) / 4)); else a power of two >= MIN_CHUNK with at most MAX_CHUNKS chunks a
+      row. Part of the row layout (it fixes the sum-of-squares order, like block_rows and
+      num_warps): fused and unfused must use the same, and it must be a function of K only.
+    - unpack: :data:`UNPACKS` (bf16 inputs on NVIDIA only; "cvt" everywhere else; same bits).
     """
 
     block_rows: int = 1
@@ -121,6 +131,8 @@ class NormConfig:
     load_fence: bool = True
     scale_padding: Literal["fill", "norm"] = "fill"
     pdl: bool = False
+    chunk_cols: int = 0
+    unpack: Literal["cvt", "bits"] = "cvt"
 
     def __post_init__(self):
         for field, allowed in (
@@ -129,12 +141,16 @@ class NormConfig:
             ("quant_ops", QUANT_OPS),
             ("scale_store", SCALE_STORES),
             ("scale_padding", SCALE_PADDINGS),
+            ("unpack", UNPACKS),
         ):
             _check(self, field, allowed)
         if self.persistent and self.split > 1:
             raise ValueError(f"NormConfig: a persistent grid does not split rows, got {self}")
         if self.loop_stages < 1 or (self.loop_stages > 1 and not self.persistent):
             raise ValueError(f"NormConfig: loop_stages > 1 needs a persistent grid, got {self}")
+        ch = self.chunk_cols
+        if ch and (ch < MIN_CHUNK or ch & (ch - 1)):
+            raise ValueError(f"NormConfig: chunk_cols must be 0 or a power of two >= {MIN_CHUNK}, got {self}")
 
     def replace(self, **changes) -> NormConfig:
         return dataclasses.replace(self, **changes)
@@ -165,25 +181,58 @@ def padded_row(k: int) -> int:
     return max(MIN_CHUNK, next_pow2(k))
 
 
-def row_chunks(k: int) -> tuple[int, int]:
-    """(CH, NCH): a row is NCH chunks of CH columns, CH = max(128, next_pow2(K) / 4), a power of two."""
-    ch = max(MIN_CHUNK, padded_row(k) // MAX_CHUNKS)
-    return ch, -(-k // ch)
+def row_chunks(k: int, chunk_cols: int = 0) -> tuple[int, int]:
+    """(CH, NCH): a row is NCH chunks of CH columns, CH = max(128, next_pow2(K) / 4), a power of
+    two, or `chunk_cols` (`NormConfig.chunk_cols`) when given; at most MAX_CHUNKS chunks."""
+    ch = chunk_cols or max(MIN_CHUNK, padded_row(k) // MAX_CHUNKS)
+    nch = -(-k // ch)
+    if nch > MAX_CHUNKS:
+        raise ValueError(f"row_chunks: K={k} in chunks of {ch} columns is {nch} chunks > {MAX_CHUNKS}")
+    return ch, nch
+
+
+def wide_chunk_layout(k: int, min_warps: int = MIN_WARPS) -> tuple[int, int, int]:
+    """`(block_rows, num_warps, chunk_cols)` of a candidate row layout, a function of K only
+    (benchmark variants; the default dispatch does not use it): the default layout's rows
+    per tile, at least `min_warps` warps, and chunks at least THREAD_CHUNK_VALUES values a
+    thread wide (one 16-byte access of 2-byte values: the default's 512-column chunks at K
+    1025..2048 give a thread 4, and the MXFP8 block amax then takes three shuffles instead
+    of two). Where that is the default's layout, chunk_cols is 0. K 2048..4096 at
+    min_warps 8: Liger-Kernel's layout (8 warps, 8 or 16 values a thread)."""
+    base = norm_config(k)
+    nw = max(min_warps, base.num_warps) if base.block_rows == 1 else base.num_warps
+    ch = max(row_chunks(k)[0], THREAD_CHUNK_VALUES * 32 * nw // base.block_rows)
+    ch = min(ch, padded_row(k))
+    return base.block_rows, nw, 0 if ch == row_chunks(k)[0] else ch
 
 
 def norm_config(
-    k: int, m: int | None = None, *, plain_quant: bool = False, isa: str = "ptx", sms: int = NOMINAL_SMS
+    k: int,
+    m: int | None = None,
+    *,
+    plain_quant: bool = False,
+    isa: str = "ptx",
+    sms: int = NOMINAL_SMS,
+    layout: tuple[int, int, int] | None = None,
 ) -> NormConfig:
     """Default config for M rows of K values on a device of `sms` multiprocessors (M None:
     the config of the row layout alone); `plain_quant`: the fused plain norm + quant (no
     residual); `isa`: the kernels' ISA (`triton_targets`: "ptx" on NVIDIA). The rule is the
-    module docstring's: the layout from K, the rest from the grid's programs per SM."""
+    module docstring's: the layout from K, the rest from the grid's programs per SM.
+    `layout`: `(block_rows, num_warps, chunk_cols)` instead of the default row layout (a
+    function of K only, e.g. :func:`wide_chunk_layout`; benchmark variants): the same rule
+    for the rest, counted on its chunks, and the pipelined loop also at 2 chunks a row of
+    at least 16 values a thread."""
     block_k = padded_row(k)
     bm = 1 if block_k >= TILE_VALUES else min(16, TILE_VALUES // block_k)
     nw = max(MIN_WARPS, min(16, bm * block_k // VALUES_PER_WARP))
+    chunk_cols = 0
+    if layout is not None:
+        bm, nw, chunk_cols = layout
     if m is None:
-        return NormConfig(block_rows=bm, num_warps=nw)
-    nch = row_chunks(k)[1]
+        return NormConfig(block_rows=bm, num_warps=nw, chunk_cols=chunk_cols)
+    ch, nch = row_chunks(k, chunk_cols)
+    pipelined_chunks = nch == 3 or (layout is not None and nch == 2 and bm * ch * nch >= 16 * 32 * nw)
     sms = max(1, sms)
     tiles = max(1, -(-m // bm))
     split = nch if tiles * nch <= sms else 1
@@ -193,13 +242,14 @@ def norm_config(
     if (
         plain_quant
         and isa == "ptx"
-        and nch == 3
+        and pipelined_chunks
         and bm == 1
         and programs_per_sm >= PIPELINED_MIN_PROGRAMS_PER_SM
         and tiles >= PIPELINED_MIN_TILES_PER_PROGRAM * programs_per_sm * sms
     ):
         return NormConfig(
             num_warps=nw,
+            chunk_cols=chunk_cols,
             persistent=programs_per_sm,
             loop_stages=PIPELINED_STAGES,
             load_fence=False,  # the weight is loaded once, before the loop
@@ -207,6 +257,7 @@ def norm_config(
     return NormConfig(
         block_rows=bm,
         num_warps=nw,
+        chunk_cols=chunk_cols,
         split=split,
         evict_first=evict_first,
         quant_ops="hw-bf16x2" if paired else "hw",

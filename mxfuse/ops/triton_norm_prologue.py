@@ -58,6 +58,8 @@ class NormSpec(NamedTuple):
     LOOP_STAGES: int
     PDL: bool
     """Programmatic dependent launch: `gdc_wait` before the first load (NVIDIA only)."""
+    UNPACK: str = "cvt"
+    """`norm_quant_config.UNPACKS`: how bf16 rows and weight become fp32 (same bits)."""
 
 
 @triton.jit
@@ -108,24 +110,51 @@ def _load_chunks(ptr, rows, stride, cols, row_mask, K, NCH: tl.constexpr, EVICT_
 
 
 @triton.jit
-def _load_weight(w_ptr, K, weight_offset, NCH: tl.constexpr, CH: tl.constexpr):
-    """(cols, w): the NCH column ranges of a row and the fp32 `w + weight_offset` on each."""
+def _to_f32(v, UNPACK: tl.constexpr, ISA: tl.constexpr):
+    """`v.to(float32)`. UNPACK "bits" (bf16 on NVIDIA): a bf16 pair's 32-bit word gives its two
+    fp32 values by one integer op each (`shl` 16 for the low half, `and` 0xffff0000 for the
+    high one): bf16 -> fp32 is exact and moves the bits only (subnormals and NaN payloads
+    too), which is what ptxas emits for `cvt.f32.bf16` as well, but with a PRMT and a shift
+    for the high half. Same bits, half an instruction less a value."""
+    if UNPACK == "bits" and ISA == "ptx" and v.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
+            "=r,=r,r",
+            [v],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _load_weight(
+    w_ptr, K, weight_offset, NCH: tl.constexpr, CH: tl.constexpr, UNPACK: tl.constexpr = "cvt", ISA: tl.constexpr = ""
+):
+    """(cols, w): the NCH column ranges of a row and the fp32 `w + weight_offset` on each
+    (`UNPACK`, `ISA`: :func:`_to_f32`)."""
     cols = ()
     w = ()
     for j in tl.static_range(NCH):
         c = j * CH + tl.arange(0, CH)
         cols = cols + (c,)
-        w = w + (tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0).to(tl.float32) + weight_offset,)
+        wj = tl.load(w_ptr + c[None, :], mask=(c < K)[None, :], other=0.0)
+        w = w + (_to_f32(wj, UNPACK, ISA) + weight_offset,)
     return cols, w
 
 
 @triton.jit
-def _sum_chunk(x, r, ro_ptr, rows, cols, row_mask, K, owner, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr):
+def _sum_chunk(
+    x, r, ro_ptr, rows, cols, row_mask, K, owner, HAS_RES: tl.constexpr, ROUND_SUM: tl.constexpr,
+    UNPACK: tl.constexpr, ISA: tl.constexpr,
+):  # fmt: skip
     """fp32 `s = x (+ r)` of one chunk; stores residual_out = s.to(dtype) when HAS_RES and
-    this program `owner`s the chunk."""
-    s = x.to(tl.float32)
+    this program `owner`s the chunk. `UNPACK`, `ISA`: :func:`_to_f32`."""
+    s = _to_f32(x, UNPACK, ISA)
     if HAS_RES:
-        s = s + r.to(tl.float32)
+        s = s + _to_f32(r, UNPACK, ISA)
         ro = s.to(x.dtype)
         if owner:
             mask = row_mask[:, None] & (cols < K)[None, :]
@@ -168,6 +197,7 @@ def _norm_rows(rows, row_mask, part, cols, io, K, eps, F: tl.constexpr, MX: tl.c
     TREE: tl.constexpr = F.TREE
     RSQRT: tl.constexpr = F.RSQRT
     ISA: tl.constexpr = MX.ISA
+    UNPACK: tl.constexpr = F.UNPACK
     if F.LOAD_FENCE:
         # ptxas otherwise issues the weight loads only after the first use of x (after x's
         # round trip: a second, dependent one, exposed once the reduction is short); the
@@ -180,7 +210,7 @@ def _norm_rows(rows, row_mask, part, cols, io, K, eps, F: tl.constexpr, MX: tl.c
     s = ()
     for j in tl.static_range(NCH):
         owner = F.SPLIT == 1 or part == j % F.SPLIT  # the constexpr True when a row is not split: no branch
-        s = s + (_sum_chunk(x[j], r[j], io.ro_ptr, rows, cols[j], row_mask, K, owner, HAS_RES, ROUND_SUM),)
+        s = s + (_sum_chunk(x[j], r[j], io.ro_ptr, rows, cols[j], row_mask, K, owner, HAS_RES, ROUND_SUM, UNPACK, ISA),)
     rstd = _rstd(_sum_of_squares(s, NCH, BM, CH, TREE), K, eps, BM, RSQRT, ISA)
     return s, rstd
 

@@ -210,6 +210,8 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
     PAD_ROWS: tl.constexpr = F.PAD_ROWS
     PAD_WORDS: tl.constexpr = F.PAD_WORDS
     LOOP_STAGES: tl.constexpr = F.LOOP_STAGES
+    UNPACK: tl.constexpr = F.UNPACK
+    ISA: tl.constexpr = MX.ISA
     pid = tl.program_id(0)
     part = tl.program_id(1)
     stored_scale_rows = M if F.PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
@@ -220,14 +222,14 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
         gdc_wait()
         gdc_launch_dependents()
     if F.PERSISTENT:
-        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)  # once per program
+        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH, UNPACK, ISA)  # once per program
         for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):
             _norm_tile(t, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
         if F.PAD_FILL:
             for p in range(pid, tl.cdiv(scale_rows - M, PAD_ROWS), tl.num_programs(0)):
                 _zero_pad_scales(dst.sc_ptr, p, M, scale_rows, dst.scale_cols_padded, PAD_ROWS, PAD_WORDS)
     elif not F.PAD_FILL or pid < n_tiles:  # the constexpr True without PAD_FILL: no branch
-        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH)
+        cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH, UNPACK, ISA)
         _norm_tile(pid, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
     else:
         p = (pid - n_tiles) * F.SPLIT + part
@@ -279,8 +281,8 @@ def norm_launch(
     rule = rule_name(rule)
     if scale_rows == 0:
         return outputs, None
-    ch, nch = row_chunks(k)
     cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sm_count(dev))
+    ch, nch = row_chunks(k, cfg.chunk_cols)
     pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
@@ -314,6 +316,7 @@ def norm_launch(
         PAD_WORDS=triton.next_power_of_2(max(1, padded_scale_columns(k) // SWIZZLE_COLUMN_TILE)),
         LOOP_STAGES=cfg.loop_stages,
         PDL=pdl,
+        UNPACK=cfg.unpack,
     )
     mx = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule, isa)
     constexprs = dict(F=spec, MX=mx)
