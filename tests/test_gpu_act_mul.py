@@ -135,7 +135,8 @@ DISPATCH_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536, 96]
 
 def every_launch_shape(i: int) -> set:
     """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
-    count, and the benchmark's other launch shapes (more or fewer values per program, 8 warps, the
+    count, and the benchmark's other launch shapes (8 values a thread at small M, more or fewer values per
+    program, 8 warps, the
     column-first grid, Triton's own bf16 -> fp32 converts, 16 codes per thread)."""
     from mxfuse.ops.triton_act_quant import act_mul_config
 
@@ -144,6 +145,7 @@ def every_launch_shape(i: int) -> set:
     for m in (1, 4, 16, 64, 256, 1024, 4096, 16384):
         for count in (sm, 8):
             out.add(act_mul_config(m, i, count))
+            out.add(act_mul_config(m, i, count, small_values=(8,)))
             out.add(act_mul_config(m, i, count, tile_values=1024))
             out.add(act_mul_config(m, i, count, tile_values=2048))  # 16 a thread at every M
             out.add(act_mul_config(m, i, count, tile_values=4096, max_warps=8))

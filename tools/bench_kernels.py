@@ -857,6 +857,7 @@ def act_variants():
 
     return {
         "run12": _run12_act_config,
+        "v8": lambda m, i, sm: act_mul_config(m, i, sm, small_values=(8,)),
         "tile1k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=1024),
         "tile4k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=4096, max_warps=8),
         "w8": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048, max_warps=8),

@@ -154,10 +154,10 @@ def block_cols(i: int) -> int:
     return max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
 
 
-def values_per_thread(m: int, i: int, sm_count: int) -> int:
-    """4, 8 or 16: the fewest values a thread with which the launch's M * I values fit in the threads the
+def values_per_thread(m: int, i: int, sm_count: int, small: tuple[int, ...] = SMALL_VALUES_PER_THREAD) -> int:
+    """The fewest of `small` values a thread with which the launch's M * I values fit in the threads the
     SMs hold at once (2048 each); 16 beyond (the module docstring)."""
-    for v in SMALL_VALUES_PER_THREAD:
+    for v in small:
         if m * i <= v * sm_count * RESIDENT_THREADS_PER_SM:
             return v
     return LARGE_VALUES_PER_THREAD
@@ -165,14 +165,14 @@ def values_per_thread(m: int, i: int, sm_count: int) -> int:
 
 def act_mul_config(
     m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int | None = None,
-    max_warps: int = MAX_WARPS, cols_first: bool = True,
+    max_warps: int = MAX_WARPS, cols_first: bool = True, small_values: tuple[int, ...] = SMALL_VALUES_PER_THREAD,
 ) -> ActMulConfig:  # fmt: skip
     """`[BM, BC]` tiles of `tile_values` values (default: `values_per_thread` on `max_warps` warps; BC divides
     I, BM = tile / BC), halved (rows first, then columns, down to 128) while the grid has fewer than 2
     programs per SM; warps: the tile's values at that many a thread, 1 .. `max_warps`; 16 codes a thread on
     tiles of <= 512 columns and 16 values a thread while the codes fit in half of `l2_bytes`."""
     if tile_values is None:
-        tile_values = values_per_thread(m, i, sm_count) * 32 * max_warps
+        tile_values = values_per_thread(m, i, sm_count, small_values) * 32 * max_warps
     per_warp = tile_values // max_warps
     bc = min(block_cols(i), max(MIN_BLOCK_COLS, tile_values))
     bm = max(1, tile_values // bc)
