@@ -136,8 +136,7 @@ DISPATCH_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536, 96]
 def every_launch_shape(i: int) -> set:
     """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
     count, and the benchmark's other launch shapes (8 values a thread at small M, more or fewer values per
-    program, 8 warps, the
-    column-first grid, Triton's own bf16 -> fp32 converts, 16 codes per thread)."""
+    program, 8 warps, the column-first grid, Triton's own bf16 -> fp32 converts, 16 codes per thread)."""
     from mxfuse.ops.triton_act_quant import act_mul_config
 
     sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
