@@ -177,7 +177,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     """The act·mul kernel (I 1792: a TP-8 shard of 14336): at M 4096 every activation fused (swizzled,
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
-    1..16 rows) and in a mid-M tile of 4 and of 8 values a thread. `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
+    1..16 rows) and in a mid-M tile of 4 and of 8 values a thread. `exhaustive`: every activation x {fused,
+    unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
 
@@ -485,7 +486,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="keep the cases whose name contains this")
     ap.add_argument("--exhaustive", action="store_true", help="every K class at every M class, each flag alone")
     ap.add_argument(
-        "--variants", default="", help="instead: these tools/kernel_variants.py variants (comma separated) at K 2048-4096"
+        "--variants", default="", help="instead: these tools/kernel_variants.py variants (comma-separated), K 2048-4096"
     )
     args = ap.parse_args(argv)
     specs = [s for s in args.targets.split(",") if s]

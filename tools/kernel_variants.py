@@ -25,7 +25,6 @@ from types import MappingProxyType
 
 from mxfuse.ops.norm_quant_config import NormConfig, norm_config, row_chunks, wide_chunk_layout
 
-
 VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
     {
         "v3-ops": NormConfig(

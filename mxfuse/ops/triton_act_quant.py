@@ -82,9 +82,10 @@ from triton.language.extra import libdevice
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
+    COLUMN_TILE,
     MxSpec,
+    _f8_128x4_offset,
     _mx_epilogue,
-    _store_scales,
     mx_dst,
     producer_outputs,
     row_stride,
@@ -110,10 +111,16 @@ MIN_BLOCK_COLS = 128
 """4 scale columns: the F8_128x4 layout's column padding is then inside the last block."""
 MAX_BLOCK_COLS = 1024
 MAX_WARPS = 4
-LARGE_VALUES_PER_THREAD = 16
-"""Values a thread at large M: tiles of 2048 values on 4 warps."""
 SMALL_VALUES_PER_THREAD = (4, 8)
-"""... and while the launch fits in the resident threads: shorter chains, one load of each input in flight."""
+"""Values a thread while the launch fits in the resident threads: shorter chains, one load of each input in
+flight."""
+LARGE_VALUES_PER_THREAD = 8
+"""Values a thread beyond: tiles of 1024 values on 4 warps (16 a thread was 1-12% slower at M >= 256, run 13)."""
+ONE_WAVE_VALUES_PER_THREAD = 16
+"""... except just past the 8-a-thread limit, where 16 a thread keeps the launch to one wave of threads."""
+TAIL_WAVE_SHARE = 0.25
+"""How far past it (a share of one wave): a second wave this small cost more than the longer chains (I 2176
+M 1024: 5.39 µs at 16 a thread, 5.65 at 8; at 1.7 waves 8 a thread won; run 13)."""
 RESIDENT_THREADS_PER_SM = 2048
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
@@ -125,9 +132,11 @@ WIDE_CODES_MAX_COLS = 512
 """Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
 one shuffle per block amax): 1-6% faster on the H200 while the codes fit in half the L2; at 1024 columns it
 was not (run 11)."""
-WIDE_CODES_MAX_L2_SHARE = 0.5
+WIDE_CODES_MAX_L2_SHARE = 0.25
 """... and only while the launch's codes (M * I bytes) fit in this share of the L2: beyond it the 16-byte
-code stores made the kernel 10-27% slower than 8 codes a thread (I 1792-4352, M 8192-16384; run 12)."""
+code stores made the kernel 10-27% slower than 8 codes a thread (I 1792-4352, M 8192-16384; run 12), and
+on the H100 already at 25 MB (I 1536 M 16384: 51.1 against 42.8 µs, run 13). (The default tiles reach 16
+values a thread only below ~3 M values, so this bounds `tile_values=` choices.)"""
 
 
 class ActMulConfig(NamedTuple):
@@ -156,10 +165,14 @@ def block_cols(i: int) -> int:
 
 def values_per_thread(m: int, i: int, sm_count: int, small: tuple[int, ...] = SMALL_VALUES_PER_THREAD) -> int:
     """The fewest of `small` values a thread with which the launch's M * I values fit in the threads the
-    SMs hold at once (2048 each); 16 beyond (the module docstring)."""
+    SMs hold at once (2048 each); beyond, 8, or 16 while that keeps a nearly empty second wave away (the
+    module docstring)."""
+    wave = sm_count * RESIDENT_THREADS_PER_SM
     for v in small:
-        if m * i <= v * sm_count * RESIDENT_THREADS_PER_SM:
+        if m * i <= v * wave:
             return v
+    if m * i <= (1 + TAIL_WAVE_SHARE) * LARGE_VALUES_PER_THREAD * wave:
+        return ONE_WAVE_VALUES_PER_THREAD
     return LARGE_VALUES_PER_THREAD
 
 
@@ -277,16 +290,19 @@ def _act_mul_tile(
 
 
 @triton.jit
-def _zero_scale_padding(
-    sc_ptr, p, cb, first_row, scale_rows, scale_cols, scale_cols_padded, BC: tl.constexpr, PAD: tl.constexpr,
-    ISA: tl.constexpr,
-):  # fmt: skip
+def _zero_scale_padding(sc_ptr, p, cb, first_row, scale_rows, scale_cols_padded, BC: tl.constexpr, PAD: tl.constexpr):
     """Zero the F8_128x4 scales of padding rows `first_row + p * PAD ...` (< scale_rows) in column
-    block `cb`: rows no tile of real rows covers, so no program loads or computes for them."""
+    block `cb`: rows no tile of real rows covers, so no program loads or computes for them. A row's 4
+    scales of one column group are one aligned 32-bit word (BC >= 128: whole groups), stored as one (byte
+    stores with their offsets took a 1-warp program ~0.3 µs at M 1, run 13)."""
     rows = first_row + p.to(tl.int64) * PAD + tl.arange(0, PAD)
-    scols = cb * (BC // 32) + tl.arange(0, BC // 32)
-    zeros = tl.zeros([PAD, BC // 32], tl.int32)
-    _store_scales(sc_ptr, zeros, rows, scols, scale_rows, scale_cols, scale_cols_padded, 0, True, "tl_store", ISA)
+    groups = cb * (BC // (32 * COLUMN_TILE)) + tl.arange(0, BC // (32 * COLUMN_TILE))
+    r2 = rows[:, None]
+    g2 = groups[None, :]
+    off = _f8_128x4_offset(r2, g2, 0, scale_cols_padded, COLUMN_TILE)
+    mask = (r2 < scale_rows) & (g2 < scale_cols_padded // COLUMN_TILE)
+    zeros = tl.zeros([PAD, BC // (32 * COLUMN_TILE)], tl.int32)
+    tl.store(sc_ptr.to(tl.pointer_type(tl.int32)) + off, zeros, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
@@ -315,13 +331,12 @@ def _act_mul_kernel(
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
     row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
-    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
     if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)
         if MX.SWIZZLED:
-            _zero_scale_padding(dst.sc_ptr, pid - n_tiles, cb, n_tiles * BM, scale_rows, dst.scale_cols,
-                                dst.scale_cols_padded, BC, PAD_ROWS, ISA)  # fmt: skip
+            _zero_scale_padding(dst.sc_ptr, pid - n_tiles, cb, n_tiles * BM, scale_rows, dst.scale_cols_padded,
+                                BC, PAD_ROWS)  # fmt: skip
     else:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
