@@ -851,17 +851,25 @@ def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
     return ActMulConfig(bm, bc, warps, True, code_vector=16 if wide else 8)
 
 
+def _run13_act_config(m, i, sm):
+    """The dispatch of run 13's first call (2026-12-05): 4 or 8 values a thread while the launch fits the
+    resident threads, 16 beyond; 16 codes a thread while the codes fit half of a 50 MB L2."""
+    from mxfuse.ops.triton_act_quant import NOMINAL_L2_BYTES, RESIDENT_THREADS_PER_SM, act_mul_config
+
+    per_thread = next((v for v in (4, 8) if m * i <= v * sm * RESIDENT_THREADS_PER_SM), 16)
+    return act_mul_config(m, i, sm, tile_values=per_thread * 32 * 4, l2_bytes=2 * NOMINAL_L2_BYTES)
+
+
 def act_variants():
     """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits)."""
     from mxfuse.ops.triton_act_quant import act_mul_config
 
     return {
         "run12": _run12_act_config,
+        "run13": _run13_act_config,
         "v8": lambda m, i, sm: act_mul_config(m, i, sm, small_values=(8,)),
-        "tile1k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=1024),
-        "tile4k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=4096, max_warps=8),
+        "tile2k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048),
         "w8": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048, max_warps=8),
-        "cv16": lambda m, i, sm: act_mul_config(m, i, sm)._replace(code_vector=16),
     }
 
 
