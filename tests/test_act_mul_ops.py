@@ -249,54 +249,66 @@ print("ok")
 """
 
 
+H100_DRAM = 3.35e12
+"""An H100 SXM's peak DRAM bandwidth: 25 GB/s an SM, below FAST_DRAM_BYTES_PER_S_PER_SM (the H200: 37)."""
+
+
 def test_dispatch_blocks_divide_the_intermediate_size():
     """BC is the largest power of two <= 1024 dividing I (I % 128 == 0), BM * BC the tile, halved at decode
-    sizes while the grid has fewer than two programs per SM; 8 values a thread (1024 a tile) at large M."""
+    sizes while the grid has fewer than two programs per SM; at large M 16 values a thread (2048 a tile) on
+    fast memory (the nominal H200's), 8 (1024 a tile) on an H100's."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     for i, bc in ((14336, 1024), (17408, 1024), (3584, 512), (4352, 256), (1792, 256), (2176, 128), (1536, 512)):
         for m in (4096, 16384):
-            assert act_mul_config(m, i, 132) == ActMulConfig(1024 // bc, bc, 4, True)
-            # 16 codes a thread on multi-row tiles of 2048 values, <= 512 columns, codes in a quarter of the L2
-            wide_codes = 16 if bc <= 512 and m * i <= 12.5 * 2**20 else 8
-            assert act_mul_config(m, i, 132, tile_values=2048).code_vector == wide_codes, (m, i)
-        assert act_mul_config(16384, i, 132, l2_bytes=2**30, tile_values=2048).code_vector == (16 if bc <= 512 else 8)
+            # 16 codes a thread on multi-row tiles of <= 512 columns whose launch's codes fit in half the L2
+            wide_codes = 16 if bc <= 512 and m * i <= 25 * 2**20 else 8
+            assert act_mul_config(m, i, 132) == ActMulConfig(2048 // bc, bc, 4, True, code_vector=wide_codes)
+            assert act_mul_config(m, i, 132, dram_bytes_per_s=H100_DRAM) == ActMulConfig(1024 // bc, bc, 4, True)
+        assert act_mul_config(16384, i, 132, l2_bytes=2**30).code_vector == (16 if bc <= 512 else 8)
         assert i % act_mul_config(1, i, 132).block_cols == 0
     assert act_mul_config(1, 14336, 132) == ActMulConfig(1, 128, 1, True)  # 112 programs: the most there are
+    assert act_mul_config(1, 14336, 132, min_programs_per_sm=0) == ActMulConfig(1, 512, 4, True)  # not halved
     for m in (1, 4, 16, 64, 256):
         cfg = act_mul_config(m, 1792, 132)
         programs = -(-m // cfg.block_rows) * (1792 // cfg.block_cols)
         assert programs >= 264 or (cfg.block_rows, cfg.block_cols) == (1, 128), (m, cfg)
-    assert act_mul_config(65536, 96, 132) == ActMulConfig(8, 128, 4, True)  # masked tail: the power of two over I
+    masked_tail = act_mul_config(65536, 96, 132)  # the power of two over I
+    assert masked_tail == ActMulConfig(16, 128, 4, True, code_vector=16)
     wide = act_mul_config(4096, 1792, 132, tile_values=4096, max_warps=8)
     assert wide == ActMulConfig(16, 256, 8, True, code_vector=16)
 
 
 def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident_threads():
-    """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that, 16 up to a quarter of a
-    wave more (one wave instead of a nearly empty second), then 8; the warps follow (the tile's values at that
-    many a thread, at most 4)."""
+    """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that; then 16 on fast memory
+    per SM; on slower memory 16 up to a quarter of a wave more (one wave instead of a nearly empty second),
+    then 8. The warps follow (the tile's values at that many a thread, at most 4)."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config, values_per_thread
+    from mxfuse.ops.triton_targets import dram_bytes_per_s
 
-    cases = ((64, 14336, 4), (150, 14336, 8), (151, 14336, 16), (188, 14336, 16), (189, 14336, 8),
-             (1024, 1792, 8), (1206, 1792, 8), (1207, 1792, 16), (1508, 1792, 16), (1509, 1792, 8),
-             (1024, 2176, 16), (256, 14336, 8), (16384, 14336, 8))  # fmt: skip
-    for m, i, want in cases:
+    for m, i, want in ((64, 14336, 4), (150, 14336, 8), (151, 14336, 16), (189, 14336, 16), (1024, 1792, 8),
+                       (1206, 1792, 8), (1207, 1792, 16), (16384, 14336, 16)):  # fmt: skip
         assert values_per_thread(m, i, 132) == want, (m, i)
+    for m, i, want in ((150, 14336, 8), (151, 14336, 16), (188, 14336, 16), (189, 14336, 8), (1508, 1792, 16),
+                       (1509, 1792, 8), (1024, 2176, 16), (256, 14336, 8), (16384, 14336, 8)):  # fmt: skip
+        assert values_per_thread(m, i, 132, dram_bytes_per_s=H100_DRAM) == want, (m, i)
     assert values_per_thread(64, 14336, 64) == 8  # fewer SMs: fewer resident threads
-    assert values_per_thread(64, 14336, 132, small=(8,)) == 8
+    assert values_per_thread(64, 14336, 132, (8,)) == 8
+    assert dram_bytes_per_s(torch.device("meta")) == 4.8e12  # a described launch: the nominal H200's
     assert act_mul_config(16, 14336, 132) == ActMulConfig(1, 512, 4, True)  # 448 programs of 4 values a thread
     assert act_mul_config(64, 14336, 132) == ActMulConfig(1, 512, 4, True)
     assert act_mul_config(64, 17408, 132) == ActMulConfig(1, 1024, 4, True)  # 8 a thread
     assert act_mul_config(1024, 1792, 132) == ActMulConfig(4, 256, 4, True)
-    assert act_mul_config(1024, 2176, 132) == ActMulConfig(16, 128, 4, True, code_vector=16)  # one wave
+    one_wave = ActMulConfig(16, 128, 4, True, code_vector=16)
+    assert act_mul_config(1024, 2176, 132, dram_bytes_per_s=H100_DRAM) == one_wave
     assert act_mul_config(256, 2176, 132) == ActMulConfig(4, 128, 4, True)
     assert act_mul_config(64, 1792, 132) == ActMulConfig(1, 256, 2, True)  # halved: 2 warps of 4 a thread
-    for m in (1, 4, 16, 64, 256, 1024, 4096, 16384):
-        for i in (14336, 17408, 3584, 4352, 1792, 2176, 1536):
-            cfg = act_mul_config(m, i, 132)
-            per_thread = cfg.block_rows * cfg.block_cols // (32 * cfg.num_warps)
-            assert per_thread <= values_per_thread(m, i, 132), (m, i, cfg)
+    for dram in (H100_DRAM, 4.8e12):
+        for m in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+            for i in (14336, 17408, 3584, 4352, 1792, 2176, 1536):
+                cfg = act_mul_config(m, i, 132, dram_bytes_per_s=dram)
+                per_thread = cfg.block_rows * cfg.block_cols // (32 * cfg.num_warps)
+                assert per_thread <= values_per_thread(m, i, 132, dram_bytes_per_s=dram), (m, i, cfg)
 
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():

@@ -851,26 +851,38 @@ def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
     return ActMulConfig(bm, bc, warps, True, code_vector=16 if wide else 8)
 
 
-def _run13_act_config(m, i, sm):
-    """The dispatch of run 13's first call (2026-12-05): 4 or 8 values a thread while the launch fits the
-    resident threads, 16 beyond; 16 codes a thread while the codes fit half of a 50 MB L2."""
-    from mxfuse.ops.triton_act_quant import NOMINAL_L2_BYTES, RESIDENT_THREADS_PER_SM, act_mul_config
-
-    per_thread = next((v for v in (4, 8) if m * i <= v * sm * RESIDENT_THREADS_PER_SM), 16)
-    return act_mul_config(m, i, sm, tile_values=per_thread * 32 * 4, l2_bytes=2 * NOMINAL_L2_BYTES)
-
-
 def act_variants():
-    """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits)."""
+    """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits):
+    the dispatch with one input changed (a slow / fast memory, 8 values a thread at small M, no halving of
+    the tile at decode sizes) and earlier dispatches."""
     from mxfuse.ops.triton_act_quant import act_mul_config
+
+    def with_device(**changes):
+        def pick(m, i, sm):
+            return act_mul_config(m, i, sm, **{"l2_bytes": _l2(), "dram_bytes_per_s": _dram(), **changes})
+
+        return pick
 
     return {
         "run12": _run12_act_config,
-        "run13": _run13_act_config,
-        "v8": lambda m, i, sm: act_mul_config(m, i, sm, small_values=(8,)),
-        "tile2k": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048),
-        "w8": lambda m, i, sm: act_mul_config(m, i, sm, tile_values=2048, max_warps=8),
+        "mem-slow": with_device(dram_bytes_per_s=1e9),  # 8 values a thread at large M (16 in the tail window)
+        "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
+        "v8": with_device(small_values=(8,)),
+        "nohalve": with_device(min_programs_per_sm=0),
+        "w8": with_device(tile_values=2048, max_warps=8),
     }
+
+
+def _l2():
+    from mxfuse.ops.triton_targets import l2_bytes
+
+    return l2_bytes(torch.device("cuda"))
+
+
+def _dram():
+    from mxfuse.ops.triton_targets import dram_bytes_per_s
+
+    return dram_bytes_per_s(torch.device("cuda"))
 
 
 def act_mul_point(i, m, compiled, liger, log=print):
@@ -889,7 +901,7 @@ def act_mul_point(i, m, compiled, liger, log=print):
     halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
     res = {"I": i, "M": m}
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    res["default_cfg"] = list(taq.act_mul_config(m, i, sm))
+    res["default_cfg"] = list(taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram()))
 
     def t(name, fn, inputs):
         try:
@@ -1047,7 +1059,7 @@ def main(argv=None):
     head = (
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
         f"liger-kernel {'yes' if liger_norms() else 'NOT INSTALLED'}  "
-        "L2 flushed before each replay"
+        f"L2 flushed before each replay  DRAM peak {_dram() / 1e12:.2f} TB/s (memory clock x bus width)"
     )
     print(head, flush=True)
     copy_tbs = copy_bandwidth_tbs()

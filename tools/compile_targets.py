@@ -177,7 +177,7 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     """The act·mul kernel (I 1792: a TP-8 shard of 14336): at M 4096 every activation fused (swizzled,
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
-    1..16 rows) and in a mid-M tile of 4 and of 8 values a thread. `exhaustive`: every activation x {fused,
+    1..8 rows) and in a mid-M tile of 4, of 8 and of 16 values a thread. `exhaustive`: every activation x {fused,
     unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
@@ -188,8 +188,9 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     else:
         plan = [(4096, 1792, act, forms[0]) for act in ACTIVATIONS]
         plan += [(4096, 1792, "silu", forms[1]), (4096, 1792, "swiglu_oai", forms[2]), (1, 1792, "silu", forms[0])]
-    plan += [(16384, i, "silu", forms[0]) for i in (14336, 3584, 2176)]  # 2 x 1024, 4 x 512, 16 x 128
+    plan += [(16384, i, "silu", forms[0]) for i in (14336, 3584, 2176)]  # 1 x 1024, 2 x 512, 8 x 128
     plan += [(64, 14336, "silu", forms[0]), (1024, 1792, "silu", forms[0])]  # 4 and 8 values a thread
+    plan += [(1024, 2176, "silu", forms[0])]  # one wave: 16 values and 16 codes a thread
     cases = []
     for m, i, act, (quant, round_each_op) in plan:
         _, launch = taq.act_mul_launch(

@@ -54,6 +54,7 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
         "pdl-evict-bf16x2": NormConfig(evict_first=True, quant_ops="hw-bf16x2", pdl=True),
         # the default dispatch with one change (DISPATCH); the entry's own fields are not used
         "dispatch-bits": NormConfig(unpack="bits"),
+        "dispatch-cvt": NormConfig(unpack="cvt"),
         "dispatch-ch8": NormConfig(),
         "dispatch-w8": NormConfig(),
     }
@@ -61,6 +62,7 @@ VARIANTS: Mapping[str, NormConfig] = MappingProxyType(
 DISPATCH: Mapping[str, tuple[dict, int | None]] = MappingProxyType(
     {
         "dispatch-bits": (dict(unpack="bits"), None),
+        "dispatch-cvt": (dict(unpack="cvt"), None),  # the dispatch before run 13 (Triton's converts)
         "dispatch-ch8": ({}, 4),
         "dispatch-w8": ({}, 8),
     }

@@ -44,18 +44,22 @@ and 1536, 256 at 1792 and 4352, 128 at 2176), so no column block is partly empty
 1792 left a quarter of every second block idle), and BM = tile / BC rows, so every program holds
 the same number of values whatever the width: narrow shards get several rows per program instead
 of one short one (run 10: the previous power-of-two-covering dispatch ran at 53-64% of the copy at I
-1536-2176). The tile is `values_per_thread` on 4 warps: 16 a thread (2048 values, ~10 KB moved) at
-large M, but 4 while the launch's M * I values fit in the SMs' resident threads at 4 a thread (2048 a
-SM), and 8 while they fit at 8: with every thread resident at once, more values a thread only
-lengthens each thread's dependent chain (run 12: 8-16 a thread at M 16-1024 were 0.1-0.5 µs slower
-than 4-8, e.g. I 14336 M 16 2.6 against 2.2 µs). The grid walks the column blocks of a row tile
-first, so programs running together read consecutive bytes of the same rows: 3-5% faster at
-M >= 4096 than row tiles first (run 12; with the heavier `div_rn` arithmetic of run 11 it was not).
-Tiles of several rows and at most 512 columns lay the codes out 16 a thread (`code_vector`: one
-16-byte store and one shuffle per block amax; 1-6% faster) while the launch's codes (M * I bytes)
-fit in half the L2; beyond that the 16-byte code stores ran 10-27% slower than 8 a thread (I
-1792-4352 at M 8192-16384, run 12: the threshold sits between the measured 25 MB, still faster, and
-29 MB, slower, on the H200's 50 MB). 1024 or 4096 values per program, or 8 warps, are no faster. At
+1536-2176). The tile is `values_per_thread` on 4 warps: 4 a thread while the launch's M * I values
+fit in the SMs' resident threads at 4 a thread (2048 a SM), 8 while they fit at 8 (with every thread
+resident at once, more values a thread only lengthens each thread's dependent chain: run 12, 8-16 a
+thread at M 16-1024 were 0.1-0.5 µs slower than 4-8), and 8 beyond (1024 values, ~5 KB moved, a
+program): on the H100 16 a thread was 1-12% slower at every M >= 256 it was tried, the wide-I launches
+at M 16384 included (run 13: I 14336 405 against 400 µs; 17408 M 256 9.6 against 8.4). One exception,
+just past the 8-a-thread limit (up to a quarter of a wave more): 16 a thread there keeps the launch to
+one wave of threads instead of a full one and a nearly empty second (I 2176 M 1024: 5.39 µs at 16,
+5.65 at 8; at 1.7 waves 8 won). The grid walks the column blocks of a row tile first, so programs
+running together read consecutive bytes of the same rows: 3-5% faster at M >= 4096 than row tiles
+first (run 12; with the heavier `div_rn` arithmetic of run 11 it was not). Tiles of 16 values a
+thread, several rows and at most 512 columns lay the codes out 16 a thread (`code_vector`: one 16-byte
+store and one shuffle per block amax; 1-6% faster) while the launch's codes (M * I bytes) fit in a
+quarter of the L2; beyond that the 16-byte code stores ran 10-27% slower than 8 a thread (I 1792-4352
+at M 8192-16384 on the H200, run 12; on the H100 already at 25 MB, I 1536 M 16384: 51.1 against 42.8
+µs, run 13). At
 decode sizes (fewer than two programs per SM) BM, then BC, is halved down to 128 columns so that the
 grid still covers the SMs. An I that is no multiple of 128 keeps the power of two covering it
 (masked tail; the swizzled layout's padding scale columns then fall inside the last block). Every
@@ -63,8 +67,9 @@ tile computes the same bits (the arithmetic is elementwise and the block max ord
 choice is free (batch invariance), and `config=` takes any `ActMulConfig` (the benchmark's variants,
 the GPU tests).
 
-Swizzled scales: after the tiles of the M real rows, a few programs per column block only
-store the zero scale bytes of the padding rows up to pad128(M) (no loads, no memset).
+Swizzled scales: after the tiles of the M real rows, one program per column block only stores
+the zero scales of the padding rows up to pad128(M), a 32-bit word (4 scales) a store (no loads,
+no memset).
 
 Importing this module compiles nothing; kernels compile on the first launch.
 """
@@ -92,10 +97,12 @@ from mxfuse.ops.triton_mx_quant import (
     rule_name,
 )
 from mxfuse.ops.triton_targets import (
+    NOMINAL_DRAM_BYTES_PER_S,
     NOMINAL_L2_BYTES,
     Isa,
     KernelLaunch,
     device_isa,
+    dram_bytes_per_s as device_dram_bytes_per_s,
     l2_bytes as device_l2_bytes,
     sm_count as device_sm_count,
 )
@@ -114,13 +121,16 @@ MAX_WARPS = 4
 SMALL_VALUES_PER_THREAD = (4, 8)
 """Values a thread while the launch fits in the resident threads: shorter chains, one load of each input in
 flight."""
-LARGE_VALUES_PER_THREAD = 8
-"""Values a thread beyond: tiles of 1024 values on 4 warps (16 a thread was 1-12% slower at M >= 256, run 13)."""
-ONE_WAVE_VALUES_PER_THREAD = 16
-"""... except just past the 8-a-thread limit, where 16 a thread keeps the launch to one wave of threads."""
+LARGE_VALUES_PER_THREAD = (8, 16)
+"""Values a thread beyond, on a GPU whose DRAM bandwidth per SM is below / at least FAST_DRAM_BYTES_PER_S_PER_SM:
+the faster memory needs more bytes in flight a thread (run 13: 16 a thread won by 1-6% at M >= 1024 on the
+H200, 4.9 TB/s over 132 SMs, and lost by 1-12% on the H100, 3.35 TB/s)."""
+FAST_DRAM_BYTES_PER_S_PER_SM = 30e9
+"""Between the H100 SXM's 25 GB/s an SM and the H200's 37 (B200: ~54, MI355X: ~31 a CU)."""
 TAIL_WAVE_SHARE = 0.25
-"""How far past it (a share of one wave): a second wave this small cost more than the longer chains (I 2176
-M 1024: 5.39 µs at 16 a thread, 5.65 at 8; at 1.7 waves 8 a thread won; run 13)."""
+"""At 8 a thread, up to this share of a wave past the 8-a-thread limit 16 a thread keeps the launch to one
+wave: a second wave this small cost more than the longer chains (H100, I 2176 M 1024: 5.39 µs at 16 a thread,
+5.65 at 8; at 1.7 waves 8 won; run 13)."""
 RESIDENT_THREADS_PER_SM = 2048
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
@@ -132,11 +142,10 @@ WIDE_CODES_MAX_COLS = 512
 """Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
 one shuffle per block amax): 1-6% faster on the H200 while the codes fit in half the L2; at 1024 columns it
 was not (run 11)."""
-WIDE_CODES_MAX_L2_SHARE = 0.25
+WIDE_CODES_MAX_L2_SHARE = 0.5
 """... and only while the launch's codes (M * I bytes) fit in this share of the L2: beyond it the 16-byte
-code stores made the kernel 10-27% slower than 8 codes a thread (I 1792-4352, M 8192-16384; run 12), and
-on the H100 already at 25 MB (I 1536 M 16384: 51.1 against 42.8 µs, run 13). (The default tiles reach 16
-values a thread only below ~3 M values, so this bounds `tile_values=` choices.)"""
+code stores made the kernel 10-27% slower than 8 codes a thread (I 1792-4352, M 8192-16384, H200; run 12;
+at 25 MB, I 1536 M 16384, 30.9 against 32.7 µs, still faster; run 13)."""
 
 
 class ActMulConfig(NamedTuple):
@@ -163,29 +172,37 @@ def block_cols(i: int) -> int:
     return max(MIN_BLOCK_COLS, min(MAX_BLOCK_COLS, triton.next_power_of_2(i)))
 
 
-def values_per_thread(m: int, i: int, sm_count: int, small: tuple[int, ...] = SMALL_VALUES_PER_THREAD) -> int:
+def values_per_thread(
+    m: int, i: int, sm_count: int, small: tuple[int, ...] = SMALL_VALUES_PER_THREAD, *,
+    dram_bytes_per_s: float = NOMINAL_DRAM_BYTES_PER_S,
+) -> int:  # fmt: skip
     """The fewest of `small` values a thread with which the launch's M * I values fit in the threads the
-    SMs hold at once (2048 each); beyond, 8, or 16 while that keeps a nearly empty second wave away (the
-    module docstring)."""
+    SMs hold at once (2048 each); beyond, 16 on a GPU of fast memory per SM, else 8 (16 while that keeps a
+    nearly empty second wave away). The module docstring says why."""
     wave = sm_count * RESIDENT_THREADS_PER_SM
     for v in small:
         if m * i <= v * wave:
             return v
-    if m * i <= (1 + TAIL_WAVE_SHARE) * LARGE_VALUES_PER_THREAD * wave:
-        return ONE_WAVE_VALUES_PER_THREAD
-    return LARGE_VALUES_PER_THREAD
+    slow, fast = LARGE_VALUES_PER_THREAD
+    if dram_bytes_per_s / sm_count >= FAST_DRAM_BYTES_PER_S_PER_SM or m * i <= (1 + TAIL_WAVE_SHARE) * slow * wave:
+        return fast
+    return slow
 
 
 def act_mul_config(
     m: int, i: int, sm_count: int, *, l2_bytes: int = NOMINAL_L2_BYTES, tile_values: int | None = None,
     max_warps: int = MAX_WARPS, cols_first: bool = True, small_values: tuple[int, ...] = SMALL_VALUES_PER_THREAD,
+    dram_bytes_per_s: float = NOMINAL_DRAM_BYTES_PER_S, min_programs_per_sm: int = 2,
 ) -> ActMulConfig:  # fmt: skip
     """`[BM, BC]` tiles of `tile_values` values (default: `values_per_thread` on `max_warps` warps; BC divides
-    I, BM = tile / BC), halved (rows first, then columns, down to 128) while the grid has fewer than 2
-    programs per SM; warps: the tile's values at that many a thread, 1 .. `max_warps`; 16 codes a thread on
-    tiles of <= 512 columns and 16 values a thread while the codes fit in half of `l2_bytes`."""
+    I, BM = tile / BC), halved (rows first, then columns, down to 128) while the grid has fewer than
+    `min_programs_per_sm` programs per SM; warps: the tile's values at that many a thread, 1 .. `max_warps`;
+    16 codes a thread on tiles of <= 512 columns and 16 values a thread while the codes fit in half of
+    `l2_bytes`."""
     if tile_values is None:
-        tile_values = values_per_thread(m, i, sm_count, small_values) * 32 * max_warps
+        tile_values = (
+            values_per_thread(m, i, sm_count, small_values, dram_bytes_per_s=dram_bytes_per_s) * 32 * max_warps
+        )
     per_warp = tile_values // max_warps
     bc = min(block_cols(i), max(MIN_BLOCK_COLS, tile_values))
     bm = max(1, tile_values // bc)
@@ -193,7 +210,7 @@ def act_mul_config(
     def programs(bm: int, bc: int) -> int:
         return triton.cdiv(max(1, m), bm) * triton.cdiv(i, bc)
 
-    while programs(bm, bc) < 2 * sm_count and (bm > 1 or bc > MIN_BLOCK_COLS):
+    while programs(bm, bc) < min_programs_per_sm * sm_count and (bm > 1 or bc > MIN_BLOCK_COLS):
         if bm > 1:
             bm //= 2
         else:
@@ -389,7 +406,9 @@ def act_mul_launch(
     dev = gate.device
     if scale_rows == 0 or i == 0:
         return outputs, None
-    cfg = config or act_mul_config(m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev))
+    cfg = config or act_mul_config(
+        m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
+    )
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     n_tiles = triton.cdiv(m, cfg.block_rows)

@@ -78,6 +78,20 @@ def l2_bytes(dev: torch.device) -> int:
     return torch.cuda.get_device_properties(dev).L2_cache_size if dev.type == "cuda" else NOMINAL_L2_BYTES
 
 
+NOMINAL_DRAM_BYTES_PER_S = 4.8e12
+"""Peak DRAM bandwidth a launch described on a meta or CPU tensor is dispatched for (an H200's)."""
+
+
+def dram_bytes_per_s(dev: torch.device) -> float:
+    """Peak DRAM bandwidth of a GPU from its memory clock and bus width (double data rate: H100 SXM 3.35e12,
+    H200 4.9e12); `NOMINAL_DRAM_BYTES_PER_S` on a meta or CPU device, or where the driver reports neither."""
+    if dev.type != "cuda":
+        return NOMINAL_DRAM_BYTES_PER_S
+    props = torch.cuda.get_device_properties(dev)
+    khz, bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    return 2.0 * khz * 1e3 * bits / 8 if khz and bits else NOMINAL_DRAM_BYTES_PER_S
+
+
 def pdl_allowed(isa: Isa) -> bool:
     """Whether kernels of this ISA may be launched with programmatic dependent launch (NVIDIA only)."""
     return isa == "ptx"
