@@ -32,7 +32,8 @@ two load) and each program gets at least PIPELINED_MIN_TILES_PER_PROGRAM tiles t
 the weight load and the pipeline fill (run 8: it lost at 1.3-2.6 tiles a program and won
 9-12% at 5-10). Outside that loop, bf16 rows and weight are widened by moving their bits
 (`unpack="bits"`, one integer op a value instead of ptxas's PRMT and shift for every odd one):
-0.02-0.13 µs faster at M 1-1024, K 2048-4096 on the H200, no slower anywhere measured (run 13). The
+up to 0.15 µs faster at M 1-1024, K 2048-4096 on the H200 (64 of 96 points; 6 slower, by <= 0.06;
+run 13). The
 thresholds are counted per SM, so the same rule gives another M on a GPU
 with another SM count (the H200 measurements behind them: docs/perf_notes.md, runs 5, 6, 8
 and 10); a launch described on a meta or CPU tensor is dispatched for NOMINAL_SMS.
