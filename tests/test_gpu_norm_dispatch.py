@@ -81,20 +81,23 @@ def test_layout_and_arithmetic_depend_on_k_alone(k):
 def test_the_rule_gives_the_measured_regimes_on_an_h200():
     """132 SMs: a row over its chunks at M <= 16 (and to 44 / 33 rows at 3 / 4 chunks), evict_first
     from there to 1024, the paired rounding to 256 (1024 with a residual),
-    the pipelined loop of the plain norm at 3 chunks from 4096 rows (1584 at 8 warps)."""
+    the pipelined loop of the plain norm at 3 chunks from 4096 rows (1584 at 8 warps); bf16 unpacked by
+    bits on NVIDIA outside that loop."""
     for k, nch in ((6144, 3), (4096, 4), (3072, 3), (2048, 4)):
         assert row_chunks(k)[1] == nch
         assert norm_config(k, 16, sms=132).split == nch
         assert norm_config(k, 132 // nch, sms=132).split == nch
         assert norm_config(k, 132 // nch + 1, sms=132).split == 1
         assert norm_config(k, 64, sms=132) == NormConfig(num_warps=norm_config(k).num_warps, evict_first=True,
-                                                         quant_ops="hw-bf16x2")  # fmt: skip
+                                                         quant_ops="hw-bf16x2", unpack="bits")  # fmt: skip
+        assert norm_config(k, 64, isa="portable").unpack == "cvt"  # the bit moves are NVIDIA's only
         assert norm_config(k, 1024, sms=132).evict_first and not norm_config(k, 4096, sms=132).evict_first
         assert norm_config(k, 256, plain_quant=True).quant_ops == "hw-bf16x2"
         assert norm_config(k, 1024, plain_quant=True).quant_ops == "hw"
         assert norm_config(k, 1024).quant_ops == "hw-bf16x2"
         pipelined = norm_config(k, 4096, plain_quant=True, sms=132)
         assert bool(pipelined.persistent) == (nch == 3), k
+        assert pipelined.unpack == ("cvt" if nch == 3 else "bits"), k  # the pipelined loop keeps cvt
         assert not norm_config(k, 4096, plain_quant=True, isa="portable").persistent
     assert norm_config(6144, 1584, plain_quant=True).persistent
     assert not norm_config(6144, 1583, plain_quant=True).persistent
