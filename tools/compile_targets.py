@@ -41,7 +41,7 @@ import torch
 from mxfuse.ops.mx_layout import FP8_DTYPE, scale_columns
 from mxfuse.ops.norm_quant_config import norm_config, padded_row, quant_config, row_chunks
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_targets import COMPILE_TARGETS, KernelLaunch, isa_of_target
+from mxfuse.ops.triton_targets import COMPILE_TARGETS, NOMINAL_DRAM_BYTES_PER_S, KernelLaunch, isa_of_target
 
 MODEL_KS = (6144, 3072)
 """Hidden sizes of the models served (M3.1 Flash and a smaller one): every flag is compiled at these."""
@@ -177,8 +177,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     """The act·mul kernel (I 1792: a TP-8 shard of 14336): at M 4096 every activation fused (swizzled,
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
-    1..8 rows) and in a mid-M tile of 4, of 8 and of 16 values a thread. `exhaustive`: every activation x {fused,
-    unfused, fp32} at M 1, 2 and 4096."""
+    1..16 rows; on an H200's memory and on an H100's) and in a mid-M tile of 4, of 8 and of 16 values a
+    thread. `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
 
@@ -188,18 +188,21 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     else:
         plan = [(4096, 1792, act, forms[0]) for act in ACTIVATIONS]
         plan += [(4096, 1792, "silu", forms[1]), (4096, 1792, "swiglu_oai", forms[2]), (1, 1792, "silu", forms[0])]
-    plan += [(16384, i, "silu", forms[0]) for i in (14336, 3584, 2176)]  # 1 x 1024, 2 x 512, 8 x 128
-    plan += [(64, 14336, "silu", forms[0]), (1024, 1792, "silu", forms[0])]  # 4 and 8 values a thread
-    plan += [(1024, 2176, "silu", forms[0])]  # one wave: 16 values and 16 codes a thread
+    fast, slow = NOMINAL_DRAM_BYTES_PER_S, 3.35e12  # an H200's memory and an H100's: 16 / 8 a thread at large M
+    plan = [(*p, fast) for p in plan]
+    plan += [(16384, i, "silu", forms[0], dram) for i in (14336, 3584, 2176) for dram in (fast, slow)]
+    plan += [(64, 14336, "silu", forms[0], fast), (1024, 1792, "silu", forms[0], fast)]  # 4 and 8 a thread
+    plan += [(1024, 2176, "silu", forms[0], slow)]  # one wave at 8's limit: 16 values and 16 codes a thread
     cases = []
-    for m, i, act, (quant, round_each_op) in plan:
+    for m, i, act, (quant, round_each_op), dram in plan:
         _, launch = taq.act_mul_launch(
             _meta(m, i), _meta(m, i), act, isa=isa, quant=quant, swizzled=quant, rule=QuantRule.TORCHAO,
-            round_each_op=round_each_op, config=taq.act_mul_config(m, i, 132),
+            round_each_op=round_each_op, config=taq.act_mul_config(m, i, 132, dram_bytes_per_s=dram),
         )  # fmt: skip
         if launch is None:
             continue
-        what = f"act_mul {act} I{i} M{m} {'fused' if quant else 'unfused'}{'' if round_each_op else ' fp32'}"
+        mem = "" if dram == fast else " slow-memory"
+        what = f"act_mul {act} I{i} M{m} {'fused' if quant else 'unfused'}{'' if round_each_op else ' fp32'}{mem}"
         cases.append(Case(what, launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
     return cases
 
