@@ -137,8 +137,8 @@ def every_launch_shape(i: int) -> set:
     """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
     count, and the benchmark's other launch shapes (8 values a thread at small M or at large M on a slower
     memory, no halving at decode sizes, more or fewer values per program, 8 warps, the column-first grid,
-    Triton's own bf16 -> fp32 converts, 16 codes per thread)."""
-    from mxfuse.ops.triton_act_quant import act_mul_config
+    Triton's own bf16 -> fp32 converts, 16 codes per thread, 32 registers a thread, one warp a row)."""
+    from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     out = set()
@@ -155,6 +155,8 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count, cols_first=False))
             out.add(act_mul_config(m, i, count)._replace(widen="cvt"))
             out.add(act_mul_config(m, i, count)._replace(code_vector=16))
+            out.add(act_mul_config(m, i, count)._replace(max_registers=32))
+    out |= {ActMulConfig(1, 512, 1, True), ActMulConfig(1, 256, 1, True)}  # one warp a row at decode sizes
     return out
 
 

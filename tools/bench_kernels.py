@@ -855,13 +855,20 @@ def act_variants():
     """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits):
     the dispatch with one input changed (a slow / fast memory, 8 values a thread at small M, no halving of
     the tile at decode sizes) and earlier dispatches."""
-    from mxfuse.ops.triton_act_quant import act_mul_config
+    from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     def with_device(**changes):
         def pick(m, i, sm):
             return act_mul_config(m, i, sm, **{"l2_bytes": _l2(), "dram_bytes_per_s": _dram(), **changes})
 
         return pick
+
+    def changed(pick, **fields):
+        return lambda m, i, sm: pick(m, i, sm)._replace(**fields)
+
+    def one_warp_row(cols):  # decode sizes: one warp a program, `cols` columns of one row (16 or 8 a thread)
+        default = with_device()
+        return lambda m, i, sm: ActMulConfig(1, cols, 1, True) if m <= 64 else default(m, i, sm)
 
     return {
         "run12": _run12_act_config,
@@ -870,6 +877,11 @@ def act_variants():
         "v8": with_device(small_values=(8,)),
         "nohalve": with_device(min_programs_per_sm=0),
         "w8": with_device(tile_values=2048, max_warps=8),
+        "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
+        "rows": changed(with_device(), cols_first=False),
+        "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
+        "w1c512": one_warp_row(512),
+        "w1c256": one_warp_row(256),
     }
 
 

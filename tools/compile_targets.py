@@ -308,7 +308,7 @@ def _compile_key(launch: KernelLaunch) -> tuple:
     leaves = list(_leaves(launch.args))
     ints = tuple(a % 16 == 0 or a == 1 for a in leaves if isinstance(a, int) and not isinstance(a, bool))
     dtypes = tuple(str(a.dtype) for a in leaves if isinstance(a, torch.Tensor))
-    return (launch.kernel.__name__, tuple(sorted(launch.constexprs.items())), launch.num_warps, launch.num_stages,
+    return (launch.kernel.__name__, tuple(sorted(launch.constexprs.items())), tuple(sorted(launch.options().items())),
             ints, dtypes)  # fmt: skip
 
 

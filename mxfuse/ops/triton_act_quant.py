@@ -162,6 +162,8 @@ class ActMulConfig(NamedTuple):
     """bf16 -> fp32 of the gate and of y: "shift" (NVIDIA: two bit operations per pair) or "cvt" (Triton's)."""
     code_vector: int = 8
     """Contiguous values per thread the quant's code store is laid out for (`MxSpec.CODE_VECTOR`: 8 or 16)."""
+    max_registers: int = 0
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
 
 
 def block_cols(i: int) -> int:
@@ -434,7 +436,9 @@ def act_mul_launch(
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
     )
-    return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False)
+    max_registers = cfg.max_registers if isa == "ptx" else 0
+    return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
+                                 max_registers=max_registers)  # fmt: skip
 
 
 def act_mul(
