@@ -85,7 +85,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
+from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
     COLUMN_TILE,
     MxSpec,
@@ -243,18 +243,10 @@ def _tanh(x, MATH: tl.constexpr):
 
 @triton.jit
 def _widen(v, WIDEN: tl.constexpr):
-    """bf16 -> fp32 (exact): WIDEN "shift" on NVIDIA puts each value's bits in the high half of a register,
-    two values per 32-bit pair in two instructions (the default `cvt` path takes a PRMT and a shift for the
-    high value); "cvt" is `.to(float32)`."""
+    """bf16 -> fp32 (exact): WIDEN "shift" (NVIDIA only: the launch sets it there) moves the bits
+    (`bf16_bits_to_f32`); "cvt" is `.to(float32)`."""
     if WIDEN == "shift" and v.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
-            "=r,=r,r",
-            [v],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=2,
-        )
+        return bf16_bits_to_f32(v)
     else:
         return v.to(tl.float32)
 

@@ -24,6 +24,9 @@ tests/test_fp32_math_compiled.py compiles the library's code and ours for sm_90 
 a Triton update changed the library's side: on Blackwell `div.full.f32` is the same instructions, so the
 equality carries over there (same MUFU on both sides).
 
+:func:`bf16_bits_to_f32` widens bf16 to fp32 by moving bits (one integer op a value on NVIDIA), the
+norms' and the act·mul's shared unpack.
+
 `MATH` "portable" (AMD, or another NVIDIA-less target): libdevice's (OCML's) `exp` and Triton's `/`,
 what Inductor emits there; "interpreter": `tl.exp` (Triton's CPU interpreter has no libdevice;
 never used to claim bits).
@@ -130,3 +133,19 @@ def silu_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
 def sigmoid_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
     """`1 / (1 + exp(-x))`."""
     return _over_one_plus_exp_neg(tl.full(x.shape, 1.0, tl.float32), x, MATH, ROUNDED_DIV)
+
+
+@triton.jit
+def bf16_bits_to_f32(v):
+    """bf16 -> fp32 on NVIDIA (inline PTX; callers check the target): a bf16 pair's 32-bit word gives its two
+    fp32 values by one integer op each (`shl` 16 for the low half, `and` 0xffff0000 for the high one). bf16 ->
+    fp32 is exact and moves the bits only (subnormals and NaN payloads too), as ptxas's `cvt.f32.bf16` does, but
+    that takes a PRMT and a shift for the high half: the same bits, half an instruction less a value."""
+    return tl.inline_asm_elementwise(
+        "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
+        "=r,=r,r",
+        [v],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=2,
+    )

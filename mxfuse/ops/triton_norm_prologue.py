@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
+from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32
+
 
 class NormIo(NamedTuple):
     """The norm's inputs and residual_out (runtime values)."""
@@ -111,20 +113,9 @@ def _load_chunks(ptr, rows, stride, cols, row_mask, K, NCH: tl.constexpr, EVICT_
 
 @triton.jit
 def _to_f32(v, UNPACK: tl.constexpr, ISA: tl.constexpr):
-    """`v.to(float32)`. UNPACK "bits" (bf16 on NVIDIA): a bf16 pair's 32-bit word gives its two
-    fp32 values by one integer op each (`shl` 16 for the low half, `and` 0xffff0000 for the
-    high one): bf16 -> fp32 is exact and moves the bits only (subnormals and NaN payloads
-    too), which is what ptxas emits for `cvt.f32.bf16` as well, but with a PRMT and a shift
-    for the high half. Same bits, half an instruction less a value."""
+    """`v.to(float32)`; UNPACK "bits" (bf16 on NVIDIA): by moving bits (`bf16_bits_to_f32`, same values)."""
     if UNPACK == "bits" and ISA == "ptx" and v.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }",
-            "=r,=r,r",
-            [v],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=2,
-        )
+        return bf16_bits_to_f32(v)
     else:
         return v.to(tl.float32)
 
