@@ -35,8 +35,8 @@ gate and a zero up to y = +0 (SiLU 0 / 2, GELU 0.5 * 0 * 1, the clamped forms wi
 finite limit), so their blocks quantize to zero codes and scale byte 0 without a select;
 the clamped forms keep one (their `limit` is a runtime value).
 
-**The dispatch** (:func:`act_mul_config`, a function of I, M, the SM count and the L2 size). The
-kernel moves 5.03 bytes a value and issues ~29-30 instructions a value on sm_90 (the SiLU 14 of them),
+**The dispatch** (:func:`act_mul_config`, a function of I, M, the SM count, the L2 size and the DRAM
+bandwidth). The kernel moves 5.03 bytes a value and issues ~29-30 instructions a value on sm_90 (the SiLU 14 of them),
 so at the copy's rate it keeps ~75% of the issue slots busy: it runs near the copy only if no lane is
 masked off, every program has enough independent work and the reads stay in long runs. BC is the
 largest power of two up to 1024 that divides I (I % 128 == 0: 1024 at 14336 and 17408, 512 at 3584
@@ -47,17 +47,20 @@ of one short one (run 10: the previous power-of-two-covering dispatch ran at 53-
 1536-2176). The tile is `values_per_thread` on 4 warps: 4 a thread while the launch's M * I values
 fit in the SMs' resident threads at 4 a thread (2048 a SM), 8 while they fit at 8 (with every thread
 resident at once, more values a thread only lengthens each thread's dependent chain: run 12, 8-16 a
-thread at M 16-1024 were 0.1-0.5 µs slower than 4-8), and 8 beyond (1024 values, ~5 KB moved, a
-program): on the H100 16 a thread was 1-12% slower at every M >= 256 it was tried, the wide-I launches
-at M 16384 included (run 13: I 14336 405 against 400 µs; 17408 M 256 9.6 against 8.4). One exception,
-just past the 8-a-thread limit (up to a quarter of a wave more): 16 a thread there keeps the launch to
+thread at M 16-1024 were 0.1-0.5 µs slower than 4-8), and beyond, by the card's peak DRAM bandwidth
+per SM (memory clock x bus width), 16 on a memory of at least 30 GB/s an SM (the H200's 37; B200,
+MI355X), whose faster stream needs more bytes in flight a thread (16 won by 1-6% at M >= 1024 there),
+and 8 below (1024 values, ~5 KB moved, a program): on the H100 (25 GB/s an SM) 16 a thread was 1-12%
+slower at every M >= 256 it was tried, the wide-I launches at M 16384 included (run 13: I 14336 405
+against 400 µs; 17408 M 256 9.6 against 8.4). One exception at 8, just past the 8-a-thread limit (up
+to a quarter of a wave more): 16 a thread there keeps the launch to
 one wave of threads instead of a full one and a nearly empty second (I 2176 M 1024: 5.39 µs at 16,
 5.65 at 8; at 1.7 waves 8 won). The grid walks the column blocks of a row tile first, so programs
 running together read consecutive bytes of the same rows: 3-5% faster at M >= 4096 than row tiles
 first (run 12; with the heavier `div_rn` arithmetic of run 11 it was not). Tiles of 16 values a
 thread, several rows and at most 512 columns lay the codes out 16 a thread (`code_vector`: one 16-byte
-store and one shuffle per block amax; 1-6% faster) while the launch's codes (M * I bytes) fit in a
-quarter of the L2; beyond that the 16-byte code stores ran 10-27% slower than 8 a thread (I 1792-4352
+store and one shuffle per block amax; 1-6% faster) while the launch's codes (M * I bytes) fit in half
+the L2; beyond that the 16-byte code stores ran 10-27% slower than 8 a thread (I 1792-4352
 at M 8192-16384 on the H200, run 12; on the H100 already at 25 MB, I 1536 M 16384: 51.1 against 42.8
 µs, run 13). At
 decode sizes (fewer than two programs per SM) BM, then BC, is halved down to 128 columns so that the
