@@ -311,6 +311,26 @@ def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident
                 assert per_thread <= values_per_thread(m, i, 132, dram_bytes_per_s=dram), (m, i, cfg)
 
 
+def test_pdl_and_a_register_cap_are_nvidia_launch_hints():
+    """`ActMulConfig.pdl` launches with `launch_pdl` and the kernel's PDL constexpr (its `gdc_wait` before any
+    load or store) on NVIDIA, `max_registers` with `maxnreg`; other targets (Triton's AMD backend has neither)
+    drop both and launch the same kernel plainly. Off by default."""
+    from mxfuse.ops import triton_act_quant as taq
+
+    gate = torch.empty(4, 256, dtype=torch.bfloat16, device="meta")
+    plain = taq.act_mul_config(4, 256, 132)
+    assert not plain.pdl and not plain.max_registers
+    cfg = plain._replace(pdl=True, max_registers=32)
+    for isa, on in (("ptx", True), ("portable", False)):
+        for quant in (True, False):
+            _, launch = taq.act_mul_launch(gate, gate, "silu", isa=isa, quant=quant, swizzled=quant, config=cfg)
+            opts = launch.options()
+            assert launch.pdl is on and launch.constexprs["PDL"] is on, (isa, quant)
+            assert opts.get("launch_pdl", False) is on and opts.get("maxnreg", 0) == (32 if on else 0), (isa, quant)
+        _, launch = taq.act_mul_launch(gate, gate, "silu", isa=isa, config=plain)
+        assert not launch.pdl and not launch.constexprs["PDL"] and "launch_pdl" not in launch.options()
+
+
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():
     """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): for the dispatch's
     tiles and others (one or many rows, 128..512 columns, either grid order, a masked tail block), the unfused

@@ -180,6 +180,36 @@ def test_every_launch_shape_computes_the_same_bits(i):
 
 
 @gpu_test
+def test_pdl_changes_no_bit():
+    """The decode MLP of the project's kernels, gate_up GEMM -> fused act·mul -> down GEMM, each launched with
+    programmatic dependent launch, back to back on one stream: the bits of the plain launches (the act·mul
+    waits for the GEMM that writes gate_up before its first load, and the down GEMM for the act·mul)."""
+    from mxfuse.ops import reference, triton_act_quant as taq, triton_gemm
+
+    k, i = 256, 1792
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    guc, gus = reference.quantize_rows(0.05 * torch.randn(2 * i, k, device=DEVICE, generator=g))
+    dc, ds = reference.quantize_rows(0.05 * torch.randn(k, i, device=DEVICE, generator=g))
+    sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+
+    def mlp(m: int, xc: torch.Tensor, xs: torch.Tensor, pdl: bool) -> tuple:
+        gu = triton_gemm.mxfp8_linear(xc, xs, guc, gus, torch.bfloat16,
+                                      config=triton_gemm.gemm_config(m, 2 * i, k)._replace(pdl=pdl))  # fmt: skip
+        cfg = taq.act_mul_config(m, i, sm)._replace(pdl=pdl)
+        swizzled = taq.act_mul(gu[:, :i], gu[:, i:], "silu", swizzled=True, emit_y=True, config=cfg)
+        codes, scales, y = taq.act_mul(gu[:, :i], gu[:, i:], "silu", emit_y=True, config=cfg)
+        out = triton_gemm.mxfp8_linear(codes, scales, dc, ds, torch.bfloat16,
+                                       config=triton_gemm.gemm_config(m, k, i)._replace(pdl=pdl))  # fmt: skip
+        return gu, swizzled, codes, scales, y, out
+
+    for m in (1, 16, 64, 300):
+        xc, xs = reference.quantize_rows(torch.randn(m, k, device=DEVICE, generator=g))
+        want = mlp(m, xc, xs, False)
+        for _ in range(3):
+            assert_bitwise(mlp(m, xc, xs, True), want, f"M={m} PDL")
+
+
+@gpu_test
 def test_fp32_silu_mul_is_inductors_code_for_vllms_native_form():
     """vLLM's `SiluAndMul.forward_native` compiled by Inductor (dynamic M, as vLLM compiles it) keeps fp32
     from the SiLU to the product; `round_each_op=False` is that arithmetic, bit for bit (`exp` libdevice's,

@@ -15,8 +15,9 @@ the L2 flushed before each replay, median of 7 replays, per call.
 `--sweep` also times a list of tile configurations of the product kernel (development aid).
 `--pdl-pair` times the fused add-norm + MXFP8 followed by the GEMM that reads its codes (a decode
 step's norm -> qkv pair) in one CUDA graph, each of the two launched with and without
-programmatic dependent launch, checks that the four give the same bits, and prints the table
-(`--pdl-only`: that table alone).
+programmatic dependent launch, checks that the four give the same bits, and prints the table;
+then likewise a decode MLP (gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM), the act·mul and
+the GEMMs each with and without PDL (`--pdl-only`: those two tables alone).
 "swap" is the product kernel (`mxfuse.ops.triton_gemm`); the other variants are the ones
 it was chosen against (tools/gemm_variants.py).
 """
@@ -329,6 +330,76 @@ def bench_pdl_pair(pairs, ms, log=print):
     return rows
 
 
+MLP_PDL_CHAINS = [(4096, 14336), (4096, 1792), (5120, 4352)]
+"""(K, I) of the decode MLP chains: Llama-3.1-8B's MLP, its TP-8 shard, a Qwen3.5-27B-sized TP-4 shard."""
+
+
+def bench_pdl_mlp(chains, ms, log=print):
+    """µs per decode MLP (gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM, the project's kernels) in a
+    CUDA graph of 64 chains: the act·mul and the two GEMMs each with and without PDL; the act·mul alone for
+    reference. Raises if any of the four differs in a bit from the plain launches."""
+    from mxfuse.ops import triton_act_quant as taq, triton_gemm
+    from mxfuse.ops.triton_targets import dram_bytes_per_s, l2_bytes, sm_count
+
+    dev = torch.device("cuda")
+    rows = []
+    for k, i in chains:
+        for m in ms:
+            nsets = n_sets_for(3 * i * (k + k // 32) + 4 * m * (k + i))
+            sets = []
+            for _ in range(nsets):
+                xc, xs = _quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+                guc, gus = _quantize(torch.randn(2 * i, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+                dc, ds = _quantize(torch.randn(k, i, device="cuda", dtype=torch.bfloat16) * 0.02)
+                sets.append((xc, xs, guc, gus, dc, ds))
+            act_cfg = taq.act_mul_config(
+                m, i, sm_count(dev), l2_bytes=l2_bytes(dev), dram_bytes_per_s=dram_bytes_per_s(dev)
+            )
+
+            def chain(d, pa, pg):
+                xc, xs, guc, gus, dc, ds = d
+                cfg = triton_gemm.gemm_config(m, 2 * i, k)._replace(pdl=pg)
+                gu = triton_gemm.mxfp8_linear(xc, xs, guc, gus, torch.bfloat16, config=cfg)
+                c, s, _ = taq.act_mul(gu[:, :i], gu[:, i:], "silu", config=act_cfg._replace(pdl=pa))
+                cfg = triton_gemm.gemm_config(m, k, i)._replace(pdl=pg)
+                return c, s, triton_gemm.mxfp8_linear(c, s, dc, ds, torch.bfloat16, config=cfg)
+
+            want = chain(sets[0], False, False)
+            row = dict(K=k, I=i, M=m)
+            for pa in (False, True):
+                for pg in (False, True):
+                    got = chain(sets[0], pa, pg)
+                    if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want)):
+                        raise AssertionError(f"PDL act={pa} gemm={pg} K={k} I={i} M={m}: other bits")
+                    row[f"{'gemm+pdl' if pg else 'gemm'} -> act{'+pdl' if pa else ''}"] = time_cuda_graph(
+                        [lambda d=d, pa=pa, pg=pg: chain(d, pa, pg) for d in sets]
+                    )
+            gus = [triton_gemm.mxfp8_linear(*d[:4], torch.bfloat16) for d in sets]
+            row["act alone"] = time_cuda_graph([lambda g=g: taq.act_mul(g[:, :i], g[:, i:], "silu") for g in gus])
+            log(f"pdl mlp {row}")
+            rows.append(row)
+            del sets, gus
+            torch.cuda.empty_cache()
+    return rows
+
+
+def pdl_mlp_table(rows):
+    if not rows:
+        return ""
+    keys = [key for key in rows[0] if key not in ("K", "I", "M")]
+    out = [
+        "### decode MLP: gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM, with and without programmatic "
+        "dependent launch (µs per chain, CUDA graph of 64 chains; same bits in all four)\n",
+        "| K | I | M | " + " | ".join(keys) + " | all PDL / GEMMs PDL |",
+        "|---|---|---|" + "---|" * (len(keys) + 1),
+    ]
+    for r in rows:
+        ratio = r["gemm+pdl -> act+pdl"] / r["gemm+pdl -> act"]
+        out.append(f"| {r['K']} | {r['I']} | {r['M']} | " + " | ".join(f"{r[key]:.2f}" for key in keys)
+                   + f" | {ratio:.3f} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def pdl_table(rows):
     if not rows:
         return ""
@@ -456,7 +527,11 @@ def main(argv=None):
             ap.error(f"unknown shapes {bad}")
         shapes = [s for s in SHAPES if s[0] in want]
     t0 = time.time()
-    pdl_text = pdl_table(bench_pdl_pair(PDL_PAIRS, ms if args.ms else PDL_MS)) if args.pdl_pair or args.pdl_only else ""
+    pdl_ms = ms if args.ms else PDL_MS
+    pdl_text = ""
+    if args.pdl_pair or args.pdl_only:
+        mlp = pdl_mlp_table(bench_pdl_mlp(MLP_PDL_CHAINS, pdl_ms))
+        pdl_text = pdl_table(bench_pdl_pair(PDL_PAIRS, pdl_ms)) + "\n\n" + mlp
     if args.pdl_only:
         print(pdl_text)
         if args.out:

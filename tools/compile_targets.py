@@ -178,7 +178,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
     1..16 rows; on an H200's memory and on an H100's) and in a mid-M tile of 4, of 8 and of 16 values a
-    thread. `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
+    thread; on NVIDIA the decode tile launched with PDL. `exhaustive`: every activation x {fused, unfused,
+    fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
 
@@ -204,6 +205,10 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         mem = "" if dram == fast else " slow-memory"
         what = f"act_mul {act} I{i} M{m} {'fused' if quant else 'unfused'}{'' if round_each_op else ' fp32'}{mem}"
         cases.append(Case(what, launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+    if isa == "ptx":  # programmatic dependent launch (NVIDIA only): gdc_wait / launch_dependents
+        pdl = taq.act_mul_config(1, 1792, 132)._replace(pdl=True)
+        _, launch = taq.act_mul_launch(_meta(1, 1792), _meta(1, 1792), "silu", isa=isa, swizzled=True, config=pdl)
+        cases.append(Case("act_mul silu I1792 M1 fused pdl", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
     return cases
 
 

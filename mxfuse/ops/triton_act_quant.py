@@ -74,6 +74,11 @@ Swizzled scales: after the tiles of the M real rows, one program per column bloc
 the zero scales of the padding rows up to pad128(M), a 32-bit word (4 scales) a store (no loads,
 no memset).
 
+Programmatic dependent launch (`ActMulConfig.pdl`, NVIDIA only, off by default, as the norms'): the
+kernel runs `gdc_wait` before any load or store and `gdc_launch_dependents` right after, so in a decode
+MLP of PDL launches (gate_up GEMM -> act·mul -> down GEMM) its launch overlaps the GEMM's tail and the
+down GEMM's launch overlaps its own; the bits are the same (tests/test_gpu_act_mul.py).
+
 Importing this module compiles nothing; kernels compile on the first launch.
 """
 
@@ -86,6 +91,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32
@@ -107,6 +113,7 @@ from mxfuse.ops.triton_targets import (
     device_isa,
     dram_bytes_per_s as device_dram_bytes_per_s,
     l2_bytes as device_l2_bytes,
+    pdl_allowed,
     sm_count as device_sm_count,
 )
 
@@ -167,6 +174,10 @@ class ActMulConfig(NamedTuple):
     """Contiguous values per thread the quant's code store is laid out for (`MxSpec.CODE_VECTOR`: 8 or 16)."""
     max_registers: int = 0
     """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+    pdl: bool = False
+    """Programmatic dependent launch (NVIDIA only, dropped elsewhere): the kernel waits for the kernel before
+    it (`gdc_wait`) before touching memory and lets the next one launch. Off by default for the norms'
+    reason: it pays only between PDL launches on both sides (docs/perf_notes.md, runs 10 and 15)."""
 
 
 def block_cols(i: int) -> int:
@@ -342,9 +353,16 @@ def _act_mul_kernel(
     MX: tl.constexpr,
     MATH: tl.constexpr,
     WIDEN: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
     row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
+    if PDL:
+        # launched with programmatic dependent launch: wait for the kernel before this one (it writes gate
+        # and up, and may still read memory this one's outputs reuse) before any load or store, then let the
+        # next kernel launch (it waits for this one to complete before reading)
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
     if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)
@@ -408,6 +426,7 @@ def act_mul_launch(
     )
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
+    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     n_tiles = triton.cdiv(m, cfg.block_rows)
     n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
     row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
@@ -430,10 +449,11 @@ def act_mul_launch(
         MX=spec,
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
+        PDL=pdl,
     )
     max_registers = cfg.max_registers if isa == "ptx" else 0
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
-                                 max_registers=max_registers)  # fmt: skip
+                                 pdl=pdl, max_registers=max_registers)  # fmt: skip
 
 
 def act_mul(
