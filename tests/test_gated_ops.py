@@ -277,7 +277,7 @@ from mxfuse.ops import reference, triton_gated_quant as tg
 
 g = torch.Generator().manual_seed(0)
 for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
-    for k, group, full in ((384, 128, True), (288, 96, False)):
+    for k, group, full in ((384, 128, True), (288, 96, False)):  # 288: a masked tail tile
         x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
         w = torch.randn(k if full else group, generator=g).bfloat16()
         _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
@@ -293,7 +293,7 @@ for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
                 assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
             want = reference.mxfp8_quantize(gy, swizzled, rule)
             codes = None
-            for cfg in (None, tg.GateConfig(2, 128, 1), tg.GateConfig(8, 64, 2, 8)):
+            for cfg in (None, tg.GateConfig(2, 128, 1), tg.GateConfig(8, 128, 2, 8)):
                 c, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
                 assert torch.equal(fy, gy) and torch.equal(scales, want[1]), cfg
                 codes = c if codes is None else codes
@@ -346,7 +346,7 @@ def test_launch_shape_defaults_and_checks():
                                   config=ncfg)[1]  # fmt: skip
         assert (la.grid, la.constexprs["BM"], la.constexprs["GP"], la.num_warps) == ((19, 16), 16, 128, 8)
         assert la.constexprs["MX"].CODE_VECTOR == 16 and la.max_registers == regs
-    for bad in (tg.GateConfig(3, 1024, 8), tg.GateConfig(1, 16, 1), tg.GateConfig(1, 96, 1), tg.GateConfig(1, 1024, 32),
+    for bad in (tg.GateConfig(3, 1024, 8), tg.GateConfig(1, 64, 1), tg.GateConfig(1, 96, 1), tg.GateConfig(1, 1024, 32),
                 tg.GateConfig(1, 1024, 4, 4)):  # fmt: skip
         with pytest.raises(ValueError, match="GateConfig"):
             tg.gate_launch(meta(4, 1024), meta(4, 1024), quant=True, isa="ptx", config=bad)

@@ -834,8 +834,8 @@ def gated_variants():
     programs an SM; about 27% more instructions a value); "v8w16": the same tile on 16 warps (32 / 41
     registers); "v8-regs40": the norm's v8 capped at 40 registers (no spills; 6 programs); "v32w4": the
     gate at 32 values a thread on 4 warps (66 registers, 11% fewer instructions a value: the kernels are
-    near the SM's issue rate at large M); "cv16": the norm with 16 codes a thread (67 registers, 8% fewer
-    instructions)."""
+    near the SM's issue rate at large M); "cv16": the norm with 16 codes a thread (67 registers, 3 programs, 8%
+    fewer instructions); "cv16-regs64": that capped at the default's 64 registers (no spills: 4 programs)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -858,8 +858,13 @@ def gated_variants():
         return pick
 
     gate = {"v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
-    norm = {"v8": norm_rows(2), "v8-regs40": norm_rows(2, max_registers=40), "v8w16": norm_rows(1, 2),
-            "cv16": norm_rows(1, code_vector=16)}  # fmt: skip
+    norm = {
+        "v8": norm_rows(2),
+        "v8-regs40": norm_rows(2, max_registers=40),
+        "v8w16": norm_rows(1, 2),
+        "cv16": norm_rows(1, code_vector=16),
+        "cv16-regs64": norm_rows(1, code_vector=16, max_registers=64),
+    }
     return gate, norm
 
 

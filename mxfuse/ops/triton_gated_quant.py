@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 MIN_GROUP_TILE = 128
-"""Columns of a group's tile at least (a multiple of 4 scale columns)."""
+"""Columns of a group's tile, and of the gate's, at least (a multiple of 4 scale columns)."""
 TILE_VALUES = 4096
 """Values per program of the gated norm (BM = TILE_VALUES / GP rows, at least 1)."""
 GATE_CODE_VECTOR = 16
@@ -88,8 +88,9 @@ CODE_VECTORS = (8, 16)
 
 
 class GateConfig(NamedTuple):
-    """Launch shape of the gate kernel: `[block_rows, block_cols]` tiles (powers of two, block_cols >= 32).
-    Elementwise, with whole 32-value blocks in a tile: any shape computes the same bits."""
+    """Launch shape of the gate kernel: `[block_rows, block_cols]` tiles (powers of two, block_cols >= 128:
+    the last column tile then covers the F8_128x4 padding scale columns, which nothing else writes).
+    Elementwise, with whole 32-value blocks in a tile: any such shape computes the same bits."""
 
     block_rows: int
     block_cols: int
@@ -287,7 +288,7 @@ def gate_launch(
         return outputs, None
     qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     cfg = config or gate_config(k, m)
-    _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // 32))
+    _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
