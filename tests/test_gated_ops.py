@@ -277,17 +277,27 @@ from mxfuse.ops import reference, triton_gated_quant as tg
 
 g = torch.Generator().manual_seed(0)
 for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
-    for k, group, full in ((384, 128, True), (288, 96, False)):
+    for k, group, full in ((384, 128, True), (288, 96, False)):  # 288: a masked tail tile
         x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
         w = torch.randn(k if full else group, generator=g).bfloat16()
         _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
         _, _, gy = tg.sigmoid_gate(x, z, quant=False)
         for swizzled, rule in ((False, 0), (True, 1)):
-            _, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
-                                              rule=rule)
-            assert torch.equal(fy, y) and torch.equal(scales, reference.mxfp8_quantize(y, swizzled, rule)[1])
-            _, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule)
-            assert torch.equal(fy, gy) and torch.equal(scales, reference.mxfp8_quantize(gy, swizzled, rule)[1])
+            want = reference.mxfp8_quantize(y, swizzled, rule)
+            codes = None
+            for cfg in (None, tg.GatedNormConfig(1, 1), tg.GatedNormConfig(4, 2, 16)):  # other launch shapes
+                c, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
+                                                  rule=rule, config=cfg)  # fmt: skip
+                assert torch.equal(fy, y) and torch.equal(scales, want[1]), cfg
+                codes = c if codes is None else codes
+                assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
+            want = reference.mxfp8_quantize(gy, swizzled, rule)
+            codes = None
+            for cfg in (None, tg.GateConfig(2, 128, 1), tg.GateConfig(8, 128, 2, 8)):
+                c, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
+                assert torch.equal(fy, gy) and torch.equal(scales, want[1]), cfg
+                codes = c if codes is None else codes
+                assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
 print("ok")
 """
 
@@ -295,7 +305,8 @@ print("ok")
 def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
     """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): the fused kernels'
     scale bytes, row-major and F8_128x4 with their zero padding, groups that are not a power of two, are the
-    reference quant's of the kernel's own y, and the fused kernel's y is the unfused one's."""
+    reference quant's of the kernel's own y, and the fused kernel's y is the unfused one's; in other launch
+    shapes (`config=`) too, with the default's codes (index math: every code lands where the default's does)."""
     import os
     import subprocess
     import sys
@@ -305,3 +316,40 @@ def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
     done = subprocess.run([sys.executable, "-c", CHECK_KERNEL_LAYOUT], env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_launch_shape_defaults_and_checks():
+    """`config=None` is the dispatch's shape (the quant kernel's tile for the gate, a function of G for the
+    norm); a given config reaches the launch (tile, warps, code layout, the register cap on NVIDIA only); a
+    shape Triton cannot lay out is one clear error."""
+    from mxfuse.ops import triton_gated_quant as tg
+    from mxfuse.ops.norm_quant_config import quant_config
+
+    def meta(*shape):
+        return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
+
+    for m, k in ((1, 4096), (64, 2048), (4096, 4096), (16384, 96)):
+        q = quant_config(k, m)
+        assert tg.gate_config(k, m) == tg.GateConfig(q.block_rows, q.block_cols, q.num_warps, 16)
+        default = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx")[1]
+        same = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx", config=tg.gate_config(k, m))[1]
+        assert (default.grid, default.constexprs, default.num_warps) == (same.grid, same.constexprs, same.num_warps)
+    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:]) == tg.GatedNormConfig(32, 8)
+    cfg = tg.GateConfig(2, 512, 4, 8, 32)
+    for isa, regs in (("ptx", 32), ("portable", 0)):
+        la = tg.gate_launch(meta(300, 2048), meta(300, 2048), quant=True, isa=isa, config=cfg)[1]
+        assert (la.grid, la.constexprs["BM"], la.constexprs["BC"], la.num_warps) == ((150, 4), 2, 512, 4)
+        assert la.constexprs["MX"].CODE_VECTOR == 8 and la.max_registers == regs
+    ncfg = tg.GatedNormConfig(16, 8, 16, 40)
+    for isa, regs in (("ptx", 40), ("portable", 0)):
+        la = tg.gated_norm_launch(meta(300, 2048), meta(300, 2048), meta(128), 1e-6, 128, quant=True, isa=isa,
+                                  config=ncfg)[1]  # fmt: skip
+        assert (la.grid, la.constexprs["BM"], la.constexprs["GP"], la.num_warps) == ((19, 16), 16, 128, 8)
+        assert la.constexprs["MX"].CODE_VECTOR == 16 and la.max_registers == regs
+    for bad in (tg.GateConfig(3, 1024, 8), tg.GateConfig(1, 64, 1), tg.GateConfig(1, 96, 1), tg.GateConfig(1, 1024, 32),
+                tg.GateConfig(1, 1024, 4, 4)):  # fmt: skip
+        with pytest.raises(ValueError, match="GateConfig"):
+            tg.gate_launch(meta(4, 1024), meta(4, 1024), quant=True, isa="ptx", config=bad)
+    for bad in (tg.GatedNormConfig(3, 8), tg.GatedNormConfig(32, 12), tg.GatedNormConfig(32, 8, 12)):
+        with pytest.raises(ValueError, match="GatedNormConfig"):
+            tg.gated_norm_launch(meta(4, 1024), meta(4, 1024), meta(128), 1e-6, 128, quant=True, isa="ptx", config=bad)

@@ -15,6 +15,8 @@ What is asserted, on CUDA, through `torch.ops.mxfuse.*`:
   the mean square is summed in another order, so y is within one ulp with vLLM's single rounding and
   within three with Hugging Face's three roundings (`round_normalized`, `round_weighted`).
 - batch invariance: a row's bits do not depend on the rows around it.
+- launch shapes (`config=`): every tile the benchmark times (tools/bench_kernels.py, `gated_variants`) and
+  a few more give the default launch's bits, codes, scales and y, bitwise.
 
 Runs without vLLM (the GPU image has none). Marked `gpu`, skipped without CUDA.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from gpu_helpers import DEVICE, gpu_test, kparams, special_rows
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
@@ -144,3 +147,79 @@ def test_gated_norm_grid_order_computes_the_same_bits(k, group, swizzled):
         got = tg.gated_rms_norm(x, z, w, EPS, group, quant=True, swizzled=swizzled, emit_y=True, rule=rule,
                                 groups_first=True)  # fmt: skip
         assert_bitwise(got, want, f"rule={rule}")
+
+
+# ---------------------------------------------------------------- launch shapes
+
+
+def gate_shapes(k: int) -> set:
+    """The gate's default tiles (M 1 and 4096) and the benchmark's candidates: 8 values a thread on 8 and 16
+    warps, 32 on 4 warps (fewer rows and warps at M 1), 16 a thread on 4 warps; at M 4096 also 8 codes a
+    thread, a 32-register cap and half the columns."""
+    from mxfuse.ops.triton_gated_quant import gate_config
+
+    out = set()
+    for m in (1, 4096):
+        d = gate_config(k, m)
+        out.add(d)
+        for values, warps in ((8, 8), (8, 16), (32, 4), (16, 4)):  # bench_kernels.gated_variants' gate_tile
+            bm = max(1, min(triton.next_power_of_2(m), values * 32 * warps // d.block_cols))
+            out.add(d._replace(block_rows=bm, num_warps=max(1, min(warps, bm * d.block_cols // (32 * values)))))
+    out |= {d._replace(code_vector=8), d._replace(max_registers=32)}
+    if d.block_cols >= 256:  # GateConfig: at least 128 columns
+        out.add(d._replace(block_cols=d.block_cols // 2, num_warps=max(1, d.num_warps // 2)))
+    return out
+
+
+def norm_shapes(group: int) -> set:
+    """The gated norm's default (a function of G) and the benchmark's candidates: half the rows (8 values a
+    thread at G 128), capped at 40 registers, twice the warps, 16 codes a thread (capped at 64 registers); and a
+    quarter of the rows on half the warps, twice the rows."""
+    from mxfuse.ops.triton_gated_quant import gated_norm_config
+
+    d = gated_norm_config(group)
+    half = max(1, d.block_rows // 2)
+    return {d, d._replace(block_rows=half), d._replace(block_rows=half, max_registers=40),
+            d._replace(num_warps=min(16, 2 * d.num_warps)), d._replace(code_vector=16),
+            d._replace(code_vector=16, max_registers=64),
+            d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2)),
+            d._replace(block_rows=2 * d.block_rows)}  # fmt: skip
+
+
+@gpu_test
+@pytest.mark.parametrize("k", kparams(96, 2048, 6144))
+def test_every_gate_launch_shape_computes_the_default_bits(k):
+    """Elementwise, whole 32-value blocks per tile: any tile gives the default's codes, scales (both layouts,
+    both rules) and y; the unfused y too."""
+    from mxfuse.ops import triton_gated_quant as tg
+
+    x, g = inputs(300, k, seed=k)
+    for swizzled, rule in ((False, 0), (True, 1)):
+        want = tg.sigmoid_gate(x, g, quant=True, swizzled=swizzled, emit_y=True, rule=rule)
+        for cfg in gate_shapes(k):
+            got = tg.sigmoid_gate(x, g, quant=True, swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
+            assert_bitwise(got, want, f"K={k} {cfg} swz={swizzled}")
+    y = tg.sigmoid_gate(x, g, quant=False)[2]
+    for cfg in gate_shapes(k):
+        assert_bitwise(tg.sigmoid_gate(x, g, quant=False, config=cfg)[2], y, f"unfused K={k} {cfg}")
+
+
+@gpu_test
+@pytest.mark.parametrize("k, group", [(2048, 128), (288, 96), (4096, 512)])
+def test_every_gated_norm_launch_shape_computes_the_default_bits(k, group):
+    """The pairwise tree sums a group in the same order for any rows per program, warps or code layout: the
+    default's codes, scales (both layouts, both rules, with Hugging Face's roundings) and y; the unfused y."""
+    from mxfuse.ops import triton_gated_quant as tg
+
+    x, z = inputs(300, k, seed=k + group)
+    w = weight(group, torch.bfloat16)
+    for swizzled, rule, kw in ((False, 0, VARIANTS[0]), (True, 1, VARIANTS[1]), (False, 0, VARIANTS[2])):
+        wk = weight(k, torch.bfloat16) if kw is VARIANTS[2] else w
+        want = tg.gated_rms_norm(x, z, wk, EPS, group, quant=True, swizzled=swizzled, emit_y=True, rule=rule, **kw)
+        for cfg in norm_shapes(group):
+            got = tg.gated_rms_norm(x, z, wk, EPS, group, quant=True, swizzled=swizzled, emit_y=True, rule=rule,
+                                    config=cfg, **kw)  # fmt: skip
+            assert_bitwise(got, want, f"K={k} G={group} {cfg} swz={swizzled} {kw}")
+    y = tg.gated_rms_norm(x, z, w, EPS, group, quant=False)[2]
+    for cfg in norm_shapes(group):
+        assert_bitwise(tg.gated_rms_norm(x, z, w, EPS, group, quant=False, config=cfg)[2], y, f"unfused {cfg}")

@@ -40,7 +40,8 @@ The gated producers (`--gated`: a section after the norm tables; `--only-gated`:
 `sigmoid_gate_mxfp8` and `gated_rms_norm_mxfp8` (groups of 128) at K in `--gated-ks`, fused (both layouts)
 against the unfused pair (the producer kernel, then the quant kernel), the producer kernel alone,
 `torch.compile` of the plain PyTorch producer (what vLLM's Inductor generates for it) alone and with the
-plain-PyTorch quant, and the copy.
+plain-PyTorch quant, and the copy; then the fused op (row-major) in the launch shapes of `gated_variants()`
+beside the default's (same bits: tests/test_gpu_gated.py).
 """
 
 from __future__ import annotations
@@ -779,6 +780,17 @@ def bench_gated_point(k, m, compiled=None, log=print):
         "norm_fused_groupsfirst",
         lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, groups_first=True),
     )
+    gate_variants, norm_variants = gated_variants()
+    res["gate_default_cfg"] = list(tg.gate_config(k, m)[:3])
+    for name, pick in gate_variants.items():
+        cfg = pick(k, m)
+        res[f"gate_cfg:{name}"] = list(cfg)
+        t(f"gate_v:{name}", lambda x, g, c=cfg: tg.sigmoid_gate(x, g, quant=True, config=c))
+    res["norm_default_cfg"] = list(tg.gated_norm_config(GATED_GROUP)[:2])
+    for name, pick in norm_variants.items():
+        cfg = pick(GATED_GROUP)
+        res[f"norm_cfg:{name}"] = list(cfg)
+        t(f"norm_v:{name}", lambda x, z, c=cfg: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=c))
     if compiled is not None:
         t("gate_compiled", compiled["gate"])
         t("gate_quant_compiled", compiled["gate_quant"])
@@ -814,6 +826,66 @@ def gated_table(results, copy_tbs) -> str:
     return "\n".join(lines)
 
 
+def gated_variants():
+    """Launch shapes of the fused gated ops timed beside the default (`config=`; the same bits): the gate as
+    f(K, M), the norm as f(G) (batch invariance). Default on sm_90 (Triton 3.6, K 4096, M >= 4): the gate's
+    (4, 1024) tile on 8 warps, 16 values a thread, 47 registers (5 programs an SM); the norm's 32 x 128 on 8
+    warps, 16 a thread, 64 registers (4 programs). "v8": 8 values a thread (32 / 41 registers, 8 / 5
+    programs an SM; about 27% more instructions a value); "v8w16": the same tile on 16 warps (32 / 41
+    registers); "v8-regs40": the norm's v8 capped at 40 registers (no spills; 6 programs); "v32w4": the
+    gate at 32 values a thread on 4 warps (66 registers, 11% fewer instructions a value: the kernels are
+    near the SM's issue rate at large M); "cv16": the norm with 16 codes a thread (67 registers, 3 programs, 8%
+    fewer instructions); "cv16-regs64": that capped at the default's 64 registers (no spills: 4 programs)."""
+    from mxfuse.ops import triton_gated_quant as tg
+
+    def gate_tile(values: int, warps: int, **fields):
+        """The default's columns, rows up to `values` a thread on `warps` warps (fewer at small M)."""
+
+        def pick(k, m):
+            d = tg.gate_config(k, m)
+            bm = max(1, min(triton.next_power_of_2(max(1, m)), values * 32 * warps // d.block_cols))
+            return tg.GateConfig(bm, d.block_cols, max(1, min(warps, bm * d.block_cols // (32 * values))), **fields)
+
+        return pick
+
+    def norm_rows(share: int, warps_factor: int = 1, **fields):
+        """The default's rows / `share` (at least 1), its warps x `warps_factor` (at most 16)."""
+
+        def pick(group):
+            d = tg.gated_norm_config(group)
+            return tg.GatedNormConfig(max(1, d.block_rows // share), min(16, d.num_warps * warps_factor), **fields)
+
+        return pick
+
+    gate = {"v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
+    norm = {
+        "v8": norm_rows(2),
+        "v8-regs40": norm_rows(2, max_registers=40),
+        "v8w16": norm_rows(1, 2),
+        "cv16": norm_rows(1, code_vector=16),
+        "cv16-regs64": norm_rows(1, code_vector=16, max_registers=64),
+    }
+    return gate, norm
+
+
+def gated_variant_table(results, copy_tbs) -> str:
+    """Markdown per producer: the fused op (row-major) in the default launch shape and each variant's, µs; the
+    best one's % of the copy."""
+    lines = []
+    for prod in ("gate", "norm"):
+        names = [n for n in results[0] if n.startswith(f"{prod}_v:")] if results else []
+        cols = ["K", "M", f"default {prod} shape", "default", *(n.split(":", 1)[1] for n in names), "best % copy"]
+        lines += [f"\n### {prod}: launch shapes (fused, row-major, µs per call)\n", "| " + " | ".join(cols) + " |",
+                  "|" + "---|" * len(cols)]  # fmt: skip
+        for r in results:
+            nbytes = (2 * 2 + 1 + 1 / 32) * r["M"] * r["K"]
+            best = min(r[f"{prod}_fused"], *(r[n] for n in names))
+            cells = [r["K"], r["M"], tuple(r[f"{prod}_default_cfg"]), f"{r[f'{prod}_fused']:.2f}"]
+            cells += [f"{r[n]:.2f}" for n in names] + [f"{100 * tbs(nbytes, best) / copy_tbs:.0f}%"]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[list, str]:
     refs = _gated_refs() if compiled else None
     results = []
@@ -822,7 +894,7 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
             r = bench_gated_point(k, m, refs, log)
             log(json.dumps(r))
             results.append(r)
-    return results, gated_table(results, copy_tbs)
+    return results, gated_table(results, copy_tbs) + "\n" + gated_variant_table(results, copy_tbs)
 
 
 # ----------------------------------------------------------------- act·mul (a section of its own)

@@ -1,7 +1,8 @@
 """Compile every Triton kernel the ops can launch for every target, on a CPU (no GPU needed).
 
 The launches are the launchers' own (`triton_norm_quant.norm_launch`, `triton_mx_quant.quant_launch` /
-`swizzle_launch`, `triton_gemm.mxfp8_linear(run=...)`) on meta tensors, with the `ISA` a
+`swizzle_launch`, `triton_gemm.mxfp8_linear(run=...)`, `triton_act_quant.act_mul_launch`,
+`triton_gated_quant.gate_launch` / `gated_norm_launch`) on meta tensors, with the `ISA` a
 device of that target gets; each is compiled through Triton's own launch path (the JIT's
 argument specialization, then `triton.compile(ASTSource(...), target=GPUTarget(...))`),
 so what compiles here is what a launch on that GPU compiles.
@@ -212,6 +213,32 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     return cases
 
 
+def gated_cases(isa: str, exhaustive: bool = False) -> list[Case]:
+    """The gated producers (K 4096, groups of 128), fused row-major: the gate at M 4096 and M 1 and the gated
+    norm at M 4096 in the default launch shape and in each of tools/bench_kernels.py's `gated_variants()`
+    (the benchmark's candidates). tests/test_targets_compile.py's `gated_cases` has the flags' variants."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)  # bench_kernels sits next to this file
+    from bench_kernels import gated_variants
+
+    from mxfuse.ops import triton_gated_quant as tg
+
+    k, group = 4096, 128
+    gate_variants, norm_variants = gated_variants()
+    cases = []
+    for m in (4096, 1):
+        for name, pick in {"default": tg.gate_config, **gate_variants}.items():
+            _, launch = tg.gate_launch(_meta(m, k), _meta(m, k), quant=True, isa=isa, config=pick(k, m))
+            cases.append(Case(f"gate {name} K{k} M{m}", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+    for name, pick in {"default": tg.gated_norm_config, **norm_variants}.items():
+        _, launch = tg.gated_norm_launch(_meta(4096, k), _meta(4096, k), _meta(group), 1e-6, group, quant=True, isa=isa,
+                                         config=pick(group))  # fmt: skip
+        values = launch.constexprs["BM"] * launch.constexprs["GP"]
+        cases.append(Case(f"gated norm {name} K{k} G{group}", launch, values))
+    return cases
+
+
 VARIANT_KS = (2048, 3072, 4096)
 """Hidden sizes `--variants` compiles the benchmark variants at (the decode gap of issue #31)."""
 
@@ -246,6 +273,7 @@ CASE_SOURCES: tuple[Callable[..., list[Case]], ...] = (
     swizzle_cases,
     gemm_cases,
     act_mul_cases,
+    gated_cases,
 )
 
 

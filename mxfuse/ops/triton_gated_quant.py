@@ -7,7 +7,10 @@ Functions (2-D `[M, K]` rows with a unit last stride; any row stride; M may be 0
 - :func:`gated_rms_norm` -- `rms(x) * w * act(z)` per group of `group_size` values, likewise.
 
 Each has a `*_launch` twin that allocates the outputs and returns them with the launch
-(:class:`KernelLaunch`) without running it, for tests/test_targets_compile.py.
+(:class:`KernelLaunch`) without running it, for tests/test_targets_compile.py. `config=` (a
+:class:`GateConfig` / :class:`GatedNormConfig`) overrides the launch shape, which the dispatch
+(:func:`gate_config`, :func:`gated_norm_config`) otherwise picks: for the benchmark's candidates; every
+shape computes the same bits (tests/test_gpu_gated.py).
 
 Design
 ======
@@ -47,6 +50,8 @@ zero scale columns past K/32 up to the F8_128x4 padding.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -58,10 +63,19 @@ from mxfuse.ops.triton_mx_quant import MxDst, MxSpec, _mx_epilogue, _store_scale
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum
 from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
 
-__all__ = ["gate_launch", "gated_norm_launch", "gated_rms_norm", "sigmoid_gate"]
+__all__ = [
+    "GateConfig",
+    "GatedNormConfig",
+    "gate_config",
+    "gate_launch",
+    "gated_norm_config",
+    "gated_norm_launch",
+    "gated_rms_norm",
+    "sigmoid_gate",
+]
 
 MIN_GROUP_TILE = 128
-"""Columns of a group's tile at least (a multiple of 4 scale columns)."""
+"""Columns of a group's tile, and of the gate's, at least (a multiple of 4 scale columns)."""
 TILE_VALUES = 4096
 """Values per program of the gated norm (BM = TILE_VALUES / GP rows, at least 1)."""
 GATE_CODE_VECTOR = 16
@@ -70,6 +84,47 @@ hold half a block each (one shuffle per amax, one 16-byte code store), the layou
 epilogue (sm_90 SASS: 712 instructions against 752 with 8)."""
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
+CODE_VECTORS = (8, 16)
+
+
+class GateConfig(NamedTuple):
+    """Launch shape of the gate kernel: `[block_rows, block_cols]` tiles (powers of two, block_cols >= 128:
+    the last column tile then covers the F8_128x4 padding scale columns, which nothing else writes).
+    Elementwise, with whole 32-value blocks in a tile: any such shape computes the same bits."""
+
+    block_rows: int
+    block_cols: int
+    num_warps: int
+    code_vector: int = GATE_CODE_VECTOR
+    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
+    max_registers: int = 0
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+
+
+class GatedNormConfig(NamedTuple):
+    """Launch shape of the gated norm: rows per program and warps (a group's GP columns are fixed by G).
+    The pairwise tree sums in the same order for any, so any computes the same bits; the default is
+    still a function of G alone."""
+
+    block_rows: int
+    num_warps: int
+    code_vector: int = 8
+    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
+    max_registers: int = 0
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+
+
+def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> None:
+    """Powers of two for the tile's dims and warps (<= 16), a known code vector: a clear error, not Triton's."""
+    ok = all(d >= 1 and d & (d - 1) == 0 for d in (*dims, cfg.num_warps)) and cfg.num_warps <= 16
+    if not ok or cfg.code_vector not in CODE_VECTORS:
+        raise ValueError(f"triton_gated_quant: {cfg} (powers of two, <= 16 warps, code_vector in {CODE_VECTORS})")
+
+
+def gate_config(k: int, m: int) -> GateConfig:
+    """The gate's default launch shape: the quant kernel's `quant_config(k, m)` tile, 16 codes a thread."""
+    cfg = quant_config(k, m)
+    return GateConfig(cfg.block_rows, cfg.block_cols, cfg.num_warps)
 
 
 # --------------------------------------------------------------------------- prologues
@@ -219,8 +274,10 @@ def gate_launch(
     emit_y: bool = False,
     rule: int = QuantRule.DEFAULT,
     round_gate: bool = True,
+    config: GateConfig | None = None,
 ) -> tuple[tuple, KernelLaunch | None]:
-    """`((codes, scales, y), launch)` of the gate kernel, not run (quant False: codes / scales None)."""
+    """`((codes, scales, y), launch)` of the gate kernel, not run (quant False: codes / scales None);
+    `config`: the launch shape (default `gate_config(K, M)`)."""
     swizzled = bool(quant and swizzled)
     outputs, scale_rows = producer_outputs(
         "triton_gated_quant", ("x", x), ("gate", gate), quant=quant, swizzled=swizzled, emit_y=emit_y
@@ -229,11 +286,13 @@ def gate_launch(
     m, k = x.shape
     if scale_rows == 0:
         return outputs, None
-    cfg = quant_config(k, m)
+    qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
+    cfg = config or gate_config(k, m)
+    _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
-    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa, GATE_CODE_VECTOR)
+    spec = MxSpec(swizzled, bool(emit_y and quant), qcfg.quant_ops, qcfg.scale_store, rule_key, isa, cfg.code_vector)
     constexprs = dict(
         QUANT=bool(quant),
         ROUND_GATE=bool(round_gate),
@@ -242,7 +301,9 @@ def gate_launch(
         MX=spec,
         MATH=math_of(x.device, isa),
     )
-    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
+    max_registers = cfg.max_registers if isa == "ptx" else 0
+    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
+                                 max_registers=max_registers)  # fmt: skip
 
 
 def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
@@ -256,6 +317,12 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
     gp = max(MIN_GROUP_TILE, next_pow2(group_size))
     bm = max(1, TILE_VALUES // gp)
     return gp, bm, max(4, min(16, bm * gp // 512))
+
+
+def gated_norm_config(group_size: int) -> GatedNormConfig:
+    """The gated norm's default launch shape (:func:`gated_norm_tile`'s rows and warps)."""
+    _, bm, warps = gated_norm_tile(group_size)
+    return GatedNormConfig(bm, warps)
 
 
 def gated_norm_launch(
@@ -275,10 +342,11 @@ def gated_norm_launch(
     round_normalized: bool = False,
     round_weighted: bool = False,
     groups_first: bool = False,
+    config: GatedNormConfig | None = None,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None).
     `groups_first`: consecutive programs take the groups of one row tile, else (the default) the row tiles of
-    one group (same bits either way)."""
+    one group (same bits either way); `config`: the launch shape (default `gated_norm_config(group_size)`)."""
     swizzled = bool(quant and swizzled)
     outputs, scale_rows = producer_outputs(
         "triton_gated_quant", ("x", x), ("z", z), quant=quant, swizzled=swizzled, emit_y=emit_y
@@ -292,14 +360,17 @@ def gated_norm_launch(
     rule_key = rule_name(rule)
     if scale_rows == 0:
         return outputs, None
-    gp, bm, warps = gated_norm_tile(group_size)
+    gp = gated_norm_tile(group_size)[0]
+    cfg_n = config or gated_norm_config(group_size)
+    _check_shape(cfg_n, (cfg_n.block_rows,))
+    bm, warps = cfg_n.block_rows, cfg_n.num_warps
     row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
     row_axis = 1 if groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
     cfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, k, x.stride(0) if m > 1 else k,
             z.stride(0) if m > 1 else k, group_size, float(eps))  # fmt: skip
-    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa)
+    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa, cfg_n.code_vector)
     constexprs = dict(
         G=group_size,
         GP=gp,
@@ -314,7 +385,9 @@ def gated_norm_launch(
         MX=spec,
         MATH=math_of(x.device, isa),
     )
-    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False)
+    max_registers = cfg_n.max_registers if isa == "ptx" else 0
+    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False,
+                                 max_registers=max_registers)  # fmt: skip
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None) -> tuple:
