@@ -319,22 +319,28 @@ def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
 
 
 def test_launch_shape_defaults_and_checks():
-    """`config=None` is the dispatch's shape (the quant kernel's tile for the gate, a function of G for the
-    norm); a given config reaches the launch (tile, warps, code layout, the register cap on NVIDIA only); a
-    shape Triton cannot lay out is one clear error."""
+    """`config=None` is the dispatch's shape (the gate: the quant kernel's tile, cut to 8 values a thread where
+    the act·mul takes 8; the norm: a function of G alone, 16 codes a thread at 64 registers); a given config
+    reaches the launch (tile, warps, code layout, the register cap on NVIDIA only); a shape Triton cannot lay
+    out is one clear error."""
     from mxfuse.ops import triton_gated_quant as tg
     from mxfuse.ops.norm_quant_config import quant_config
 
     def meta(*shape):
         return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
 
-    for m, k in ((1, 4096), (64, 2048), (4096, 4096), (16384, 96)):
+    h100 = 3.35e12  # 25 GB/s an SM: 8 values a thread at large M, as the act·mul
+    rows = ((1, 4096, 1, 1), (2, 2048, 1, 1), (64, 2048, 2, 2), (1024, 2048, 2, 2), (1024, 4096, 4, 2),
+            (4096, 4096, 4, 2), (16384, 96, 16, 16), (65536, 96, 32, 16))  # fmt: skip
+    for m, k, h200_rows, h100_rows in rows:
         q = quant_config(k, m)
-        assert tg.gate_config(k, m) == tg.GateConfig(q.block_rows, q.block_cols, q.num_warps, 16)
+        assert tg.gate_config(k, m) == tg.GateConfig(h200_rows, q.block_cols, q.num_warps, 16), (m, k)
+        assert tg.gate_config(k, m, dram=h100) == tg.GateConfig(h100_rows, q.block_cols, q.num_warps, 16), (m, k)
         default = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx")[1]
         same = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx", config=tg.gate_config(k, m))[1]
         assert (default.grid, default.constexprs, default.num_warps) == (same.grid, same.constexprs, same.num_warps)
-    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:]) == tg.GatedNormConfig(32, 8)
+    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:], 16, 64)
+    assert tg.gated_norm_config(128) == tg.GatedNormConfig(32, 8, code_vector=16, max_registers=64)
     cfg = tg.GateConfig(2, 512, 4, 8, 32)
     for isa, regs in (("ptx", 32), ("portable", 0)):
         la = tg.gate_launch(meta(300, 2048), meta(300, 2048), quant=True, isa=isa, config=cfg)[1]

@@ -153,14 +153,20 @@ def test_gated_norm_grid_order_computes_the_same_bits(k, group, swizzled):
 
 
 def gate_shapes(k: int) -> set:
-    """The gate's default tiles (M 1 and 4096) and the benchmark's candidates: 8 values a thread on 8 and 16
-    warps, 32 on 4 warps (fewer rows and warps at M 1), 16 a thread on 4 warps; at M 4096 also 8 codes a
-    thread, a 32-register cap and half the columns."""
-    from mxfuse.ops.triton_gated_quant import gate_config
+    """The gate's default tiles (M 1 and 4096, on this GPU's memory and on a slower one), the quant kernel's
+    tile (16 values a thread) and the benchmark's candidates: 8 values a thread on 8 and 16 warps, 32 on 4
+    warps (fewer rows and warps at M 1), 16 a thread on 4 warps; at M 4096 also 8 codes a thread, a 32-register
+    cap and half the columns."""
+    from mxfuse.ops.norm_quant_config import quant_config
+    from mxfuse.ops.triton_gated_quant import GateConfig, gate_config
+    from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
 
+    sms, dram = sm_count(torch.device(DEVICE)), dram_bytes_per_s(torch.device(DEVICE))
     out = set()
     for m in (1, 4096):
-        d = gate_config(k, m)
+        q = quant_config(k, m)
+        out |= {gate_config(k, m, sms, 1e9), GateConfig(q.block_rows, q.block_cols, q.num_warps)}
+        d = gate_config(k, m, sms, dram)
         out.add(d)
         for values, warps in ((8, 8), (8, 16), (32, 4), (16, 4)):  # bench_kernels.gated_variants' gate_tile
             bm = max(1, min(triton.next_power_of_2(m), values * 32 * warps // d.block_cols))
@@ -172,16 +178,16 @@ def gate_shapes(k: int) -> set:
 
 
 def norm_shapes(group: int) -> set:
-    """The gated norm's default (a function of G) and the benchmark's candidates: half the rows (8 values a
-    thread at G 128), capped at 40 registers, twice the warps, 16 codes a thread (capped at 64 registers); and a
-    quarter of the rows on half the warps, twice the rows."""
+    """The gated norm's default (a function of G: 16 codes a thread, 64 registers) and the benchmark's
+    candidates: 8 codes a thread, 16 uncapped, half the rows (8 values a thread at G 128), capped at 40
+    registers, twice the warps; and a quarter of the rows on half the warps, twice the rows."""
     from mxfuse.ops.triton_gated_quant import gated_norm_config
 
     d = gated_norm_config(group)
+    cv8 = d._replace(code_vector=8, max_registers=0)
     half = max(1, d.block_rows // 2)
-    return {d, d._replace(block_rows=half), d._replace(block_rows=half, max_registers=40),
-            d._replace(num_warps=min(16, 2 * d.num_warps)), d._replace(code_vector=16),
-            d._replace(code_vector=16, max_registers=64),
+    return {d, cv8, d._replace(max_registers=0), cv8._replace(block_rows=half),
+            cv8._replace(block_rows=half, max_registers=40), cv8._replace(num_warps=min(16, 2 * d.num_warps)),
             d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2)),
             d._replace(block_rows=2 * d.block_rows)}  # fmt: skip
 

@@ -59,7 +59,7 @@ import triton.language as tl
 from kernel_variants import VARIANTS, variant, variant_of
 
 from mxfuse.ops.mx_layout import padded_rows, padded_scale_columns, scale_columns
-from mxfuse.ops.norm_quant_config import norm_config
+from mxfuse.ops.norm_quant_config import norm_config, quant_config
 from mxfuse.timing import copy_bandwidth_tbs, n_input_sets, time_cuda_graph
 
 KS = [2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192]
@@ -828,14 +828,15 @@ def gated_table(results, copy_tbs) -> str:
 
 def gated_variants():
     """Launch shapes of the fused gated ops timed beside the default (`config=`; the same bits): the gate as
-    f(K, M), the norm as f(G) (batch invariance). Default on sm_90 (Triton 3.6, K 4096, M >= 4): the gate's
-    (4, 1024) tile on 8 warps, 16 values a thread, 47 registers (5 programs an SM); the norm's 32 x 128 on 8
-    warps, 16 a thread, 64 registers (4 programs). "v8": 8 values a thread (32 / 41 registers, 8 / 5
-    programs an SM; about 27% more instructions a value); "v8w16": the same tile on 16 warps (32 / 41
-    registers); "v8-regs40": the norm's v8 capped at 40 registers (no spills; 6 programs); "v32w4": the
-    gate at 32 values a thread on 4 warps (66 registers, 11% fewer instructions a value: the kernels are
-    near the SM's issue rate at large M); "cv16": the norm with 16 codes a thread (67 registers, 3 programs, 8%
-    fewer instructions); "cv16-regs64": that capped at the default's 64 registers (no spills: 4 programs)."""
+    f(K, M), the norm as f(G) (batch invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024)
+    tile on 8 warps, 8 values a thread, 32 registers, where `gate_config` takes 8, else (4, 1024), 16 a thread,
+    47 registers (5 programs an SM); the norm's 32 x 128 on 8 warps, 16 values and 16 codes a thread, held to
+    64 registers (4 programs). "quant-tile": the gate in the quant kernel's tile at every M (16 a thread; the
+    default before run 15); "v8": 8 a thread at every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread
+    on 4 warps (66 registers, 11% fewer instructions a value). The norm: "cv8": 8 codes a thread (64 registers,
+    8% more instructions; the default before run 15); "cv16": 16 codes uncapped (67 registers, 3 programs an
+    SM); "v8": 8 values a thread (41 registers, 5 programs; about 27% more instructions a value); "v8-regs40":
+    that capped at 40 (no spill; 6 programs); "v8w16": 4096 values on 16 warps (41 registers)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -848,6 +849,10 @@ def gated_variants():
 
         return pick
 
+    def quant_tile(k, m):
+        q = quant_config(k, m)
+        return tg.GateConfig(q.block_rows, q.block_cols, q.num_warps)
+
     def norm_rows(share: int, warps_factor: int = 1, **fields):
         """The default's rows / `share` (at least 1), its warps x `warps_factor` (at most 16)."""
 
@@ -857,13 +862,13 @@ def gated_variants():
 
         return pick
 
-    gate = {"v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
+    gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
     norm = {
-        "v8": norm_rows(2),
-        "v8-regs40": norm_rows(2, max_registers=40),
-        "v8w16": norm_rows(1, 2),
+        "cv8": norm_rows(1, code_vector=8),
         "cv16": norm_rows(1, code_vector=16),
-        "cv16-regs64": norm_rows(1, code_vector=16, max_registers=64),
+        "v8": norm_rows(2, code_vector=8),
+        "v8-regs40": norm_rows(2, code_vector=8, max_registers=40),
+        "v8w16": norm_rows(1, 2, code_vector=8),
     }
     return gate, norm
 

@@ -56,12 +56,20 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfuse.ops.norm_quant_config import next_pow2, quant_config
+from mxfuse.ops.norm_quant_config import NOMINAL_SMS, next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
+from mxfuse.ops.triton_act_quant import values_per_thread
 from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import MxDst, MxSpec, _mx_epilogue, _store_scales, mx_dst, producer_outputs, rule_name
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa
+from mxfuse.ops.triton_targets import (
+    NOMINAL_DRAM_BYTES_PER_S,
+    Isa,
+    KernelLaunch,
+    device_isa,
+    dram_bytes_per_s,
+    sm_count,
+)
 
 __all__ = [
     "GateConfig",
@@ -85,6 +93,12 @@ epilogue (sm_90 SASS: 712 instructions against 752 with 8)."""
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
 CODE_VECTORS = (8, 16)
+GATE_SMALL_VALUES = 8
+"""The gate's values a thread where `values_per_thread` takes the fewer (its tile otherwise holds 16)."""
+GATED_NORM_MAX_REGISTERS = 64
+"""The gated norm's register cap (NVIDIA): with 16 codes a thread it compiles to 67 on sm_90 (3 programs of 8
+warps an SM); at 64 it has no spill and 4 programs, the 8-code layout's occupancy (sm_90, Triton 3.6). H100:
+0.1-0.35 µs faster at M <= 16, 1-2% at M >= 1024 (docs/perf_notes.md, run 15)."""
 
 
 class GateConfig(NamedTuple):
@@ -121,10 +135,18 @@ def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> No
         raise ValueError(f"triton_gated_quant: {cfg} (powers of two, <= 16 warps, code_vector in {CODE_VECTORS})")
 
 
-def gate_config(k: int, m: int) -> GateConfig:
-    """The gate's default launch shape: the quant kernel's `quant_config(k, m)` tile, 16 codes a thread."""
+def gate_config(k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DRAM_BYTES_PER_S) -> GateConfig:
+    """The gate's default launch shape: the quant kernel's `quant_config(k, m)` tile (4096 values, 16 a
+    thread), its rows cut to 8 values a thread where the act·mul takes 8 (`values_per_thread`: while the
+    launch fits in the SMs' resident threads at 8, and at large M on a memory below 30 GB/s an SM).
+    H100, K 2048 / 4096: 0.1-0.3 µs faster at M 16-1024 (2.33 against 2.66 at K 2048 M 16), within 0.4% at
+    M 4096-16384 (docs/perf_notes.md, run 15). The gate is elementwise: any tile gives the same bits."""
     cfg = quant_config(k, m)
-    return GateConfig(cfg.block_rows, cfg.block_cols, cfg.num_warps)
+    values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
+    rows = cfg.block_rows
+    if rows * cfg.block_cols > values * 32 * cfg.num_warps:
+        rows = max(1, values * 32 * cfg.num_warps // cfg.block_cols)
+    return GateConfig(rows, cfg.block_cols, cfg.num_warps)
 
 
 # --------------------------------------------------------------------------- prologues
@@ -287,7 +309,7 @@ def gate_launch(
     if scale_rows == 0:
         return outputs, None
     qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
-    cfg = config or gate_config(k, m)
+    cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
@@ -320,9 +342,11 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
 
 
 def gated_norm_config(group_size: int) -> GatedNormConfig:
-    """The gated norm's default launch shape (:func:`gated_norm_tile`'s rows and warps)."""
+    """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
+    16 codes a thread (half a block: one address, one shuffle level and one scale store where 8 codes take
+    two, four and two; 8% fewer instructions) held to GATED_NORM_MAX_REGISTERS."""
     _, bm, warps = gated_norm_tile(group_size)
-    return GatedNormConfig(bm, warps)
+    return GatedNormConfig(bm, warps, code_vector=16, max_registers=GATED_NORM_MAX_REGISTERS)
 
 
 def gated_norm_launch(
