@@ -383,38 +383,40 @@ def bench_pdl_mlp(chains, ms, log=print):
     return rows
 
 
-def pdl_mlp_table(rows):
+def pdl_rows_table(rows, title: str, size_keys: tuple[str, str, str], ratio: tuple[str, str, str]) -> str:
+    """A PDL timing table: the size columns, every timed column, then `ratio` = (name, numerator, denominator)."""
     if not rows:
         return ""
-    keys = [key for key in rows[0] if key not in ("K", "I", "M")]
+    keys = [key for key in rows[0] if key not in size_keys]
     out = [
-        "### decode MLP: gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM, with and without programmatic "
-        "dependent launch (µs per chain, CUDA graph of 64 chains; same bits in all four)\n",
-        "| K | I | M | " + " | ".join(keys) + " | all PDL / GEMMs PDL |",
-        "|---|---|---|" + "---|" * (len(keys) + 1),
+        title + "\n",
+        "| " + " | ".join(size_keys) + " | " + " | ".join(keys) + f" | {ratio[0]} |",
+        "|" + "---|" * (len(size_keys) + len(keys) + 1),
     ]
     for r in rows:
-        ratio = r["gemm+pdl -> act+pdl"] / r["gemm+pdl -> act"]
-        out.append(f"| {r['K']} | {r['I']} | {r['M']} | " + " | ".join(f"{r[key]:.2f}" for key in keys)
-                   + f" | {ratio:.3f} |")  # fmt: skip
+        cells = [str(r[key]) for key in size_keys] + [f"{r[key]:.2f}" for key in keys]
+        out.append("| " + " | ".join(cells) + f" | {r[ratio[1]] / r[ratio[2]]:.3f} |")
     return "\n".join(out)
 
 
 def pdl_table(rows):
-    if not rows:
-        return ""
-    keys = [key for key in rows[0] if key not in ("K", "N", "M")]
-    out = [
+    return pdl_rows_table(
+        rows,
         "### fused add-norm + MXFP8 -> MXFP8 GEMM, with and without programmatic dependent launch "
-        "(µs per pair, CUDA graph of 64 pairs; same bits in all four)\n",
-        "| K | N | M | " + " | ".join(keys) + " | both PDL / neither |",
-        "|---|---|---|" + "---|" * (len(keys) + 1),
-    ]
-    for r in rows:
-        ratio = r["norm+pdl -> gemm+pdl"] / r["norm -> gemm"]
-        out.append(f"| {r['K']} | {r['N']} | {r['M']} | " + " | ".join(f"{r[key]:.2f}" for key in keys)
-                   + f" | {ratio:.3f} |")  # fmt: skip
-    return "\n".join(out)
+        "(µs per pair, CUDA graph of 64 pairs; same bits in all four)",
+        ("K", "N", "M"),
+        ("both PDL / neither", "norm+pdl -> gemm+pdl", "norm -> gemm"),
+    )
+
+
+def pdl_mlp_table(rows):
+    return pdl_rows_table(
+        rows,
+        "### decode MLP: gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM, with and without programmatic "
+        "dependent launch (µs per chain, CUDA graph of 64 chains; same bits in all four)",
+        ("K", "I", "M"),
+        ("all PDL / GEMMs PDL", "gemm+pdl -> act+pdl", "gemm+pdl -> act"),
+    )
 
 
 def gemm_table(rows, copy_tbs):
