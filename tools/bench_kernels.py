@@ -510,7 +510,7 @@ def variant_table(results, variants):
     return "\n".join(out)
 
 
-def plot(results, copy_tbs, vname, path):
+def plot(results, copy_tbs, vname, path, device="GPU"):
     try:
         import matplotlib
 
@@ -540,7 +540,7 @@ def plot(results, copy_tbs, vname, path):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("M (rows)")
             ax.set_ylabel("TB/s (fused kernel's bytes / time)")
-            ax.set_title(f"{kind} norm, K = {k}, bf16, H200")
+            ax.set_title(f"{kind} norm, K = {k}, bf16, {device}")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -642,7 +642,7 @@ def ratio_tables(results):
     return "\n".join(out)
 
 
-def ratio_plot(results, path):
+def ratio_plot(results, path, device="GPU"):
     """Best norm alone / fused against M, one panel per (family, residual), a line per K (row-major
     solid, swizzled dashed)."""
     try:
@@ -671,7 +671,7 @@ def ratio_plot(results, path):
             ax.set_title(f"{fam} RMSNorm, {'add' if kind == 'add' else 'plain'} (dashed: swizzled scales)")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, ncol=2)
-    fig.suptitle("fused norm + MXFP8 vs the fastest peer norm alone (Liger-Kernel, FlashInfer), bf16, H200")
+    fig.suptitle(f"fused norm + MXFP8 vs the fastest peer norm alone (Liger-Kernel, FlashInfer), bf16, {device}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
@@ -714,8 +714,9 @@ def save(out, data, vname):
         f.write(render(data, vname) + "\n")
     with open(os.path.join(out, "kernels_bench.json"), "w") as f:
         json.dump(data, f, indent=1)
-    p = plot(data["results"], data["copy_tbs"], vname, os.path.join(out, "kernels_bench.png"))
-    q = ratio_plot(data["results"], os.path.join(out, "kernels_ratio.png"))
+    device = data.get("device", "GPU").removeprefix("NVIDIA ")  # the plots' titles
+    p = plot(data["results"], data["copy_tbs"], vname, os.path.join(out, "kernels_bench.png"), device)
+    q = ratio_plot(data["results"], os.path.join(out, "kernels_ratio.png"), device)
     for path in (p, q):
         if path:
             print(f"wrote {path}")
@@ -781,7 +782,10 @@ def bench_gated_point(k, m, compiled=None, log=print):
         lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, groups_first=True),
     )
     gate_variants, norm_variants = gated_variants()
-    res["gate_default_cfg"] = list(tg.gate_config(k, m)[:3])
+    from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
+
+    dev = torch.device("cuda")
+    res["gate_default_cfg"] = list(tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))[:3])  # this GPU's
     for name, pick in gate_variants.items():
         cfg = pick(k, m)
         res[f"gate_cfg:{name}"] = list(cfg)
@@ -843,7 +847,7 @@ def gated_variants():
         """The default's columns, rows up to `values` a thread on `warps` warps (fewer at small M)."""
 
         def pick(k, m):
-            d = tg.gate_config(k, m)
+            d = tg.gate_config(k, m)  # its columns: the same on every GPU
             bm = max(1, min(triton.next_power_of_2(max(1, m)), values * 32 * warps // d.block_cols))
             return tg.GateConfig(bm, d.block_cols, max(1, min(warps, bm * d.block_cols // (32 * values))), **fields)
 
@@ -1170,7 +1174,8 @@ def main(argv=None):
     flashinfer = flashinfer_norms(include)
     head += f"  flashinfer {'yes' if flashinfer else 'NOT BUILT'}"
     head += f"  graph of {args.calls} calls, median of {args.replays}"
-    data = {"head": head, "copy_tbs": copy_tbs, "variants": variants, "results": []}
+    data = {"head": head, "device": torch.cuda.get_device_name(), "copy_tbs": copy_tbs, "variants": variants,
+            "results": []}  # fmt: skip
     t0 = time.time()
     for k in sorted({k for k, _ in points}, key=[k for k, _ in points].index):
         for m in [m for kk, m in points if kk == k]:
