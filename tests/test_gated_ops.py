@@ -321,8 +321,8 @@ def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
 def test_launch_shape_defaults_and_checks():
     """`config=None` is the dispatch's shape (the gate: the quant kernel's tile, cut to 8 values a thread where
     the act·mul takes 8; the norm: a function of G alone, 16 codes a thread at 64 registers); a given config
-    reaches the launch (tile, warps, code layout, the register cap on NVIDIA only); a shape Triton cannot lay
-    out is one clear error."""
+    reaches the launch (tile, warps, code layout, the register cap and PDL on NVIDIA only); a shape Triton
+    cannot lay out is one clear error."""
     from mxfuse.ops import triton_gated_quant as tg
     from mxfuse.ops.norm_quant_config import quant_config
 
@@ -352,6 +352,14 @@ def test_launch_shape_defaults_and_checks():
                                   config=ncfg)[1]  # fmt: skip
         assert (la.grid, la.constexprs["BM"], la.constexprs["GP"], la.num_warps) == ((19, 16), 16, 128, 8)
         assert la.constexprs["MX"].CODE_VECTOR == 16 and la.max_registers == regs
+    for isa, on in (("ptx", True), ("portable", False)):  # programmatic dependent launch: NVIDIA only
+        gate = tg.gate_launch(meta(64, 2048), meta(64, 2048), quant=True, isa=isa,
+                              config=tg.gate_config(2048, 64)._replace(pdl=True))[1]  # fmt: skip
+        norm = tg.gated_norm_launch(meta(64, 2048), meta(64, 2048), meta(128), 1e-6, 128, quant=True, isa=isa,
+                                    config=tg.gated_norm_config(128)._replace(pdl=True))[1]  # fmt: skip
+        for la in (gate, norm):
+            assert la.pdl is on and la.constexprs["PDL"] is on and la.options().get("launch_pdl", False) is on
+    assert not tg.gate_launch(meta(4, 1024), meta(4, 1024), quant=True, isa="ptx")[1].pdl
     for bad in (tg.GateConfig(3, 1024, 8), tg.GateConfig(1, 64, 1), tg.GateConfig(1, 96, 1), tg.GateConfig(1, 1024, 32),
                 tg.GateConfig(1, 1024, 4, 4)):  # fmt: skip
         with pytest.raises(ValueError, match="GateConfig"):

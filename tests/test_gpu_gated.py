@@ -229,3 +229,35 @@ def test_every_gated_norm_launch_shape_computes_the_default_bits(k, group):
     y = tg.gated_rms_norm(x, z, w, EPS, group, quant=False)[2]
     for cfg in norm_shapes(group):
         assert_bitwise(tg.gated_rms_norm(x, z, w, EPS, group, quant=False, config=cfg)[2], y, f"unfused {cfg}")
+
+
+@gpu_test
+def test_pdl_changes_no_bit():
+    """Each gated producer followed by the o_proj / out_proj GEMM that reads its codes, both launched with
+    programmatic dependent launch, back to back on one stream: the bits of the plain launches."""
+    from mxfuse.ops import reference, triton_gated_quant as tg, triton_gemm
+
+    k, n, group = 1024, 256, 128
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    wc, ws = reference.quantize_rows(0.05 * torch.randn(n, k, device=DEVICE, generator=g))
+    w = weight(group, torch.bfloat16)
+    producers = {
+        "gate": lambda x, z, m, pdl, **kw: tg.sigmoid_gate(
+            x, z, quant=True, config=tg.gate_config(k, m)._replace(pdl=pdl), **kw
+        ),
+        "gated norm": lambda x, z, m, pdl, **kw: tg.gated_rms_norm(
+            x, z, w, EPS, group, quant=True, config=tg.gated_norm_config(group)._replace(pdl=pdl), **kw
+        ),
+    }
+    for m in (1, 16, 64, 300):
+        x, z = inputs(m, k, seed=m)
+        gemm = triton_gemm.gemm_config(m, n, k)
+        for name, producer in producers.items():
+            results = []
+            for pdl in (False, True, True, True):  # the plain launches, then three PDL chains
+                codes, scales, y = producer(x, z, m, pdl, emit_y=True)
+                swz = producer(x, z, m, pdl, swizzled=True)
+                out = triton_gemm.mxfp8_linear(codes, scales, wc, ws, torch.bfloat16, config=gemm._replace(pdl=pdl))
+                results.append((codes, scales, y, swz, out))
+            for got in results[1:]:
+                assert_bitwise(got, results[0], f"{name} -> GEMM, M={m}, PDL")

@@ -17,7 +17,8 @@ the L2 flushed before each replay, median of 7 replays, per call.
 step's norm -> qkv pair) in one CUDA graph, each of the two launched with and without
 programmatic dependent launch, checks that the four give the same bits, and prints the table;
 then likewise a decode MLP (gate_up GEMM -> fused SiLU·mul + MXFP8 -> down GEMM), the act·mul and
-the GEMMs each with and without PDL (`--pdl-only`: those two tables alone).
+the GEMMs each with and without PDL, and the gated producers before o_proj / out_proj likewise
+(`--pdl-only`: those three tables alone).
 "swap" is the product kernel (`mxfuse.ops.triton_gemm`); the other variants are the ones
 it was chosen against (tools/gemm_variants.py).
 """
@@ -275,6 +276,37 @@ def bench_composite(ms, log=print):
     return rows
 
 
+def pair_input_sets(m: int, k: int, n: int, weight_len: int) -> list[tuple]:
+    """Input sets of a producer -> GEMM pair, enough not to sit in L2: two bf16 `[M, K]` inputs, the
+    producer's bf16 weight of `weight_len` values, the GEMM's MXFP8 `[N, K]` weight (codes, scales)."""
+    sets = []
+    for _ in range(n_sets_for(n * (k + k // 32) + 6 * m * k)):
+        wc, ws = _quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+        x, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        sets.append((x, r, (0.5 * torch.randn(weight_len, device="cuda")).to(torch.bfloat16), wc, ws))
+    return sets
+
+
+def pdl_mark(name: str, on: bool) -> str:
+    """A kernel's name in a PDL column: `gemm`, `gemm+pdl`."""
+    return f"{name}+pdl" if on else name
+
+
+def pdl_combos(run, sets, label, what: str) -> dict:
+    """µs of `run(d, first_pdl, second_pdl)` over `sets` (a CUDA graph of 64 calls) for the four PDL
+    combinations, columns `label(first_pdl, second_pdl)`, after checking that each gives the plain launches'
+    bits (an AssertionError naming `what` otherwise)."""
+    want = run(sets[0], False, False)
+    row = {}
+    for a in (False, True):
+        for b in (False, True):
+            got = run(sets[0], a, b)
+            if not all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(got, want)):
+                raise AssertionError(f"{what}: PDL {a} / {b}: other bits")
+            row[label(a, b)] = time_cuda_graph([lambda d=d, a=a, b=b: run(d, a, b) for d in sets])
+    return row
+
+
 PDL_PAIRS = [(4096, 6144), (2048, 5120), (6144, 2560)]
 """(K, N) of the norm -> GEMM pairs: Llama-3-8B's qkv (hidden 4096), a Qwen3-Next-sized one (2048),
 the TP-4 qkv shard of the 6144 model."""
@@ -293,12 +325,7 @@ def bench_pdl_pair(pairs, ms, log=print):
     sms = sm_count(torch.device("cuda"))
     for k, n in pairs:
         for m in ms:
-            nsets = n_sets_for(n * (k + k // 32) + 6 * m * k)
-            sets = []
-            for _ in range(nsets):
-                wc, ws = _quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
-                x, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                sets.append((x, r, (0.5 * torch.randn(k, device="cuda")).to(torch.bfloat16), wc, ws))
+            sets = pair_input_sets(m, k, n, weight_len=k)
             base_n = norm_config(k, m, sms=sms)
             base_g = triton_gemm.gemm_config(m, n, k)
 
@@ -307,17 +334,9 @@ def bench_pdl_pair(pairs, ms, log=print):
                 c, s, ro, _ = tnq.fused_norm_quant(x, r, w, eps, config=base_n.replace(pdl=pn))
                 return c, s, ro, triton_gemm.mxfp8_linear(c, s, wc, ws, torch.bfloat16, config=base_g._replace(pdl=pg))
 
-            want = pair(sets[0], False, False)
             row = dict(K=k, N=n, M=m)
-            for pn in (False, True):
-                for pg in (False, True):
-                    got = pair(sets[0], pn, pg)
-                    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
-                    if not same:
-                        raise AssertionError(f"PDL norm={pn} gemm={pg} K={k} N={n} M={m}: other bits")
-                    row[f"norm{'+pdl' if pn else ''} -> gemm{'+pdl' if pg else ''}"] = time_cuda_graph(
-                        [lambda d=d, pn=pn, pg=pg: pair(d, pn, pg) for d in sets]
-                    )
+            label = lambda pn, pg: f"{pdl_mark('norm', pn)} -> {pdl_mark('gemm', pg)}"  # noqa: E731
+            row |= pdl_combos(pair, sets, label, f"norm -> GEMM K={k} N={n} M={m}")
             row["norm alone"] = time_cuda_graph([lambda d=d: tnq.fused_norm_quant(*d[:3], eps) for d in sets])
             codes = [tnq.fused_norm_quant(*d[:3], eps)[:2] for d in sets]
             row["gemm alone"] = time_cuda_graph(
@@ -364,16 +383,9 @@ def bench_pdl_mlp(chains, ms, log=print):
                 cfg = triton_gemm.gemm_config(m, k, i)._replace(pdl=pg)
                 return c, s, triton_gemm.mxfp8_linear(c, s, dc, ds, torch.bfloat16, config=cfg)
 
-            want = chain(sets[0], False, False)
             row = dict(K=k, I=i, M=m)
-            for pa in (False, True):
-                for pg in (False, True):
-                    got = chain(sets[0], pa, pg)
-                    if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want)):
-                        raise AssertionError(f"PDL act={pa} gemm={pg} K={k} I={i} M={m}: other bits")
-                    row[f"{'gemm+pdl' if pg else 'gemm'} -> act{'+pdl' if pa else ''}"] = time_cuda_graph(
-                        [lambda d=d, pa=pa, pg=pg: chain(d, pa, pg) for d in sets]
-                    )
+            label = lambda pa, pg: f"{pdl_mark('gemm', pg)} -> {pdl_mark('act', pa)}"  # noqa: E731
+            row |= pdl_combos(chain, sets, label, f"MLP K={k} I={i} M={m}")
             gus = [triton_gemm.mxfp8_linear(*d[:4], torch.bfloat16) for d in sets]
             row["act alone"] = time_cuda_graph([lambda g=g: taq.act_mul(g[:, :i], g[:, i:], "silu") for g in gus])
             log(f"pdl mlp {row}")
@@ -383,7 +395,59 @@ def bench_pdl_mlp(chains, ms, log=print):
     return rows
 
 
-def pdl_rows_table(rows, title: str, size_keys: tuple[str, str, str], ratio: tuple[str, str, str]) -> str:
+GATED_PDL_PAIRS = [(4096, 2048)]
+"""(K, N) of the gated producer -> GEMM pairs: Qwen3-Next's o_proj / out_proj (16 heads x 256 or 32 x 128 -> 2048)."""
+
+
+def bench_pdl_gated(pairs, ms, log=print):
+    """µs per (gated producer + MXFP8, then the GEMM reading its codes) pair in a CUDA graph of 64 pairs,
+    for `x * sigmoid(gate)` and the gated RMSNorm (groups of 128), each of the two launched with and without
+    PDL; the producer alone for reference. Raises if any of the four differs in a bit from the plain launches."""
+    from mxfuse.ops import triton_gated_quant as tg, triton_gemm
+    from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
+
+    dev = torch.device("cuda")
+    rows = []
+    for k, n in pairs:
+        for m in ms:
+            sets = pair_input_sets(m, k, n, weight_len=128)
+            gate_cfg = tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))
+            producers = {
+                "gate": lambda d, p: tg.sigmoid_gate(d[0], d[1], quant=True, config=gate_cfg._replace(pdl=p)),
+                "gated norm": lambda d, p: tg.gated_rms_norm(
+                    d[0], d[1], d[2], 1e-6, 128, quant=True, config=tg.gated_norm_config(128)._replace(pdl=p)
+                ),
+            }
+            gemm_cfg = triton_gemm.gemm_config(m, n, k)
+            for name, producer in producers.items():
+
+                def pair(d, pp, pg, producer=producer):
+                    c, s, _ = producer(d, pp)
+                    return c, s, triton_gemm.mxfp8_linear(c, s, d[3], d[4], torch.bfloat16,
+                                                          config=gemm_cfg._replace(pdl=pg))  # fmt: skip
+
+                row = dict(producer=name, K=k, N=n, M=m)
+                label = lambda pp, pg: f"{pdl_mark('prod', pp)} -> {pdl_mark('gemm', pg)}"  # noqa: E731
+                row |= pdl_combos(pair, sets, label, f"{name} -> GEMM K={k} N={n} M={m}")
+                row["producer alone"] = time_cuda_graph([lambda d=d: producer(d, False) for d in sets])
+                log(f"pdl gated {row}")
+                rows.append(row)
+            del sets
+            torch.cuda.empty_cache()
+    return rows
+
+
+def pdl_gated_table(rows):
+    return pdl_rows_table(
+        rows,
+        "### gated producer + MXFP8 -> MXFP8 GEMM (o_proj / out_proj), with and without programmatic dependent "
+        "launch (µs per pair, CUDA graph of 64 pairs; same bits in all four)",
+        ("producer", "K", "N", "M"),
+        ("both PDL / GEMM PDL", "prod+pdl -> gemm+pdl", "prod -> gemm+pdl"),
+    )
+
+
+def pdl_rows_table(rows, title: str, size_keys: tuple[str, ...], ratio: tuple[str, str, str]) -> str:
     """A PDL timing table: the size columns, every timed column, then `ratio` = (name, numerator, denominator)."""
     if not rows:
         return ""
@@ -533,7 +597,8 @@ def main(argv=None):
     pdl_text = ""
     if args.pdl_pair or args.pdl_only:
         mlp = pdl_mlp_table(bench_pdl_mlp(MLP_PDL_CHAINS, pdl_ms))
-        pdl_text = pdl_table(bench_pdl_pair(PDL_PAIRS, pdl_ms)) + "\n\n" + mlp
+        gated = pdl_gated_table(bench_pdl_gated(GATED_PDL_PAIRS, pdl_ms))
+        pdl_text = pdl_table(bench_pdl_pair(PDL_PAIRS, pdl_ms)) + "\n\n" + mlp + "\n\n" + gated
     if args.pdl_only:
         print(pdl_text)
         if args.out:

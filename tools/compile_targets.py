@@ -216,7 +216,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
 def gated_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     """The gated producers (K 4096, groups of 128), fused row-major: the gate at M 4096 and M 1 and the gated
     norm at M 4096 in the default launch shape and in each of tools/bench_kernels.py's `gated_variants()`
-    (the benchmark's candidates). tests/test_targets_compile.py's `gated_cases` has the flags' variants."""
+    (the benchmark's candidates); on NVIDIA both launched with PDL. tests/test_targets_compile.py's `gated_cases`
+    has the flags' variants."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)  # bench_kernels sits next to this file
@@ -236,6 +237,14 @@ def gated_cases(isa: str, exhaustive: bool = False) -> list[Case]:
                                          config=pick(group))  # fmt: skip
         values = launch.constexprs["BM"] * launch.constexprs["GP"]
         cases.append(Case(f"gated norm {name} K{k} G{group}", launch, values))
+    if isa == "ptx":  # programmatic dependent launch (NVIDIA only): gdc_wait / launch_dependents
+        _, launch = tg.gate_launch(_meta(16, k), _meta(16, k), quant=True, isa=isa, swizzled=True,
+                                   config=tg.gate_config(k, 16)._replace(pdl=True))  # fmt: skip
+        cases.append(Case(f"gate pdl K{k} M16", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+        pdl = tg.gated_norm_config(group)._replace(pdl=True)
+        _, launch = tg.gated_norm_launch(_meta(16, k), _meta(16, k), _meta(group), 1e-6, group, quant=True, isa=isa,
+                                         swizzled=True, config=pdl)  # fmt: skip
+        cases.append(Case(f"gated norm pdl K{k} G{group}", launch, launch.constexprs["BM"] * launch.constexprs["GP"]))
     return cases
 
 

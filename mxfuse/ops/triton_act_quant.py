@@ -91,7 +91,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32
@@ -114,6 +113,7 @@ from mxfuse.ops.triton_targets import (
     dram_bytes_per_s as device_dram_bytes_per_s,
     l2_bytes as device_l2_bytes,
     pdl_allowed,
+    pdl_enter,
     sm_count as device_sm_count,
 )
 
@@ -357,12 +357,7 @@ def _act_mul_kernel(
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
     row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
-    if PDL:
-        # launched with programmatic dependent launch: wait for the kernel before this one (it writes gate
-        # and up, and may still read memory this one's outputs reuse) before any load or store, then let the
-        # next kernel launch (it waits for this one to complete before reading)
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
     if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)

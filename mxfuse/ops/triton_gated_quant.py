@@ -68,6 +68,8 @@ from mxfuse.ops.triton_targets import (
     KernelLaunch,
     device_isa,
     dram_bytes_per_s,
+    pdl_allowed,
+    pdl_enter,
     sm_count,
 )
 
@@ -113,6 +115,8 @@ class GateConfig(NamedTuple):
     """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
     max_registers: int = 0
     """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+    pdl: bool = False
+    """Programmatic dependent launch (NVIDIA only; off by default, as the norms' and the act·mul's)."""
 
 
 class GatedNormConfig(NamedTuple):
@@ -126,6 +130,8 @@ class GatedNormConfig(NamedTuple):
     """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
     max_registers: int = 0
     """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+    pdl: bool = False
+    """Programmatic dependent launch (NVIDIA only; off by default)."""
 
 
 def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> None:
@@ -192,8 +198,10 @@ def _gate_kernel(
     BC: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE)."""
+    pdl_enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
@@ -235,9 +243,11 @@ def _gated_norm_kernel(
     ROW_AXIS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
     padded to GP lanes)."""
+    pdl_enter(PDL)
     ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
     group = tl.program_id(1 - ROW_AXIS)
     rows = tl.program_id(ROW_AXIS).to(tl.int64) * BM + tl.arange(0, BM)
@@ -322,10 +332,11 @@ def gate_launch(
         BC=cfg.block_cols,
         MX=spec,
         MATH=math_of(x.device, isa),
+        PDL=cfg.pdl and pdl_allowed(isa),
     )
     max_registers = cfg.max_registers if isa == "ptx" else 0
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
-                                 max_registers=max_registers)  # fmt: skip
+                                 pdl=constexprs["PDL"], max_registers=max_registers)  # fmt: skip
 
 
 def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
@@ -408,10 +419,11 @@ def gated_norm_launch(
         ROW_AXIS=row_axis,
         MX=spec,
         MATH=math_of(x.device, isa),
+        PDL=cfg_n.pdl and pdl_allowed(isa),
     )
     max_registers = cfg_n.max_registers if isa == "ptx" else 0
     return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False,
-                                 max_registers=max_registers)  # fmt: skip
+                                 pdl=constexprs["PDL"], max_registers=max_registers)  # fmt: skip
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None) -> tuple:

@@ -31,7 +31,7 @@ model's shapes). The variants this design was chosen against (and every measurem
 behind the choices) live outside the package: tools/gemm_variants.py, docs/gemm_notes.md.
 
 Programmatic dependent launch (`GemmConfig.pdl`, NVIDIA sm_90+): every kernel of the GEMM
-is launched with Triton's `launch_pdl` and runs `griddepcontrol.wait` (`_pdl_enter`) before
+is launched with Triton's `launch_pdl` and runs `griddepcontrol.wait` (`pdl_enter`) before
 it reads an operand an earlier kernel wrote (the activation codes and scales, the
 dequantized rows, the split workspace), then lets the next kernel launch: its launch and
 prologue overlap the tail of the kernel before it (the norm that produced the codes, say).
@@ -50,10 +50,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import BLOCK, scale_columns
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, pdl_enter
 
 SCALE_WORD_K = 4 * BLOCK
 """K values covered by one int32 word of 4 scale bytes: K is padded to a multiple of it."""
@@ -87,15 +86,6 @@ def grouped_tile(pid, num_outer, num_inner, GROUP: tl.constexpr):
     return first + (pid % num_in_group) % group_size, (pid % num_in_group) // group_size
 
 
-@triton.jit
-def _pdl_enter(PDL: tl.constexpr):
-    """Under programmatic dependent launch: wait until the kernels before this one completed (and
-    their writes are visible), then let the next kernel launch (it waits for this one in turn)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
 # ---------------------------------------------------------------------- kernels
 
 
@@ -104,7 +94,7 @@ def _chunk_sum_kernel(
     ws_ptr, c_ptr, M, N, stride_cm, stride_cc, N_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
     """out = ((0 + w_0) + w_1) + ... (ascending chunks), rounded once: the split path's second phase."""
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     t = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -170,7 +160,7 @@ def _mx_gemm_swap_kernel(
     x_ptrs = x_ptr + rm64[:, None] * stride_xm + rk[None, :]
     ws_ptrs = ws_ptr.to(tl.pointer_type(tl.int32)) + rn64[:, None] * stride_wsn + rw[None, :]
     xs_ptrs = xs_ptr.to(tl.pointer_type(tl.int32)) + rm64[:, None] * stride_xsm + rw[None, :]
-    _pdl_enter(PDL)  # the first read of X (and of the workspace the chunk sum reads after this)
+    pdl_enter(PDL)  # the first read of X (and of the workspace the chunk sum reads after this)
 
     total = tl.zeros((BN, BM), dtype=tl.float32)
     if SPLIT:
@@ -210,7 +200,7 @@ def _dequant_rows_kernel(
 ):
     """bf16 [M, K] = exact dequant of e4m3 codes + E8M0 scales (an operand dequantized once
     up front instead of once per tile that reads it)."""
-    _pdl_enter(PDL)
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     k0 = tl.program_id(1) * BK
     q = tl.load(q_ptr + row * stride_qm + k0 + tl.arange(0, BK)[None, :])

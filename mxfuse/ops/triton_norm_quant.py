@@ -121,7 +121,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_rows, padded_scale_columns, scale_columns
 from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, norm_config, row_chunks
@@ -142,7 +141,7 @@ from mxfuse.ops.triton_mx_quant import (
     swizzle_scales,
 )
 from mxfuse.ops.triton_norm_prologue import NormIo, NormSpec, _load_weight, _norm_rows, _normalize
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, sm_count
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, pdl_enter, sm_count
 
 __all__ = [
     "fused_norm_quant",
@@ -215,12 +214,7 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
     pid = tl.program_id(0)
     part = tl.program_id(1)
     stored_scale_rows = M if F.PAD_FILL else scale_rows  # PAD_FILL: the pad programs store the rest
-    if F.PDL:
-        # launched with programmatic dependent launch: wait for the kernels before this one
-        # (their outputs are x / residual, and they may still read what this one overwrites),
-        # then let the next kernel launch; it waits for this one to complete before reading
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(F.PDL)  # before the first load: x / residual are the kernels' before this one
     if F.PERSISTENT:
         cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH, UNPACK, ISA)  # once per program
         for t in tl.range(pid, n_tiles, tl.num_programs(0), num_stages=LOOP_STAGES):

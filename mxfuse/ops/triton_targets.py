@@ -27,6 +27,9 @@ import functools
 from typing import Any, Literal, NamedTuple
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mxfuse.ops.errors import MxfuseInputError
 from mxfuse.ops.norm_quant_config import NOMINAL_SMS
@@ -95,6 +98,16 @@ def dram_bytes_per_s(dev: torch.device) -> float:
 def pdl_allowed(isa: Isa) -> bool:
     """Whether kernels of this ISA may be launched with programmatic dependent launch (NVIDIA only)."""
     return isa == "ptx"
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A kernel's first step under programmatic dependent launch, before any load or store: wait until the
+    kernels before this one completed (their writes visible, their reads of memory this one may overwrite
+    done), then let the next kernel launch (it waits for this one in turn)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 def device_isa(device: torch.device) -> Isa:
