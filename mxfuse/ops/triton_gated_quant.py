@@ -38,7 +38,8 @@ Arithmetic (compiled without FMA contraction):
   `rsqrt.approx.f32` on NVIDIA (what torch's CUDA `rsqrt` and Inductor compute) and
   `tl.math.rsqrt` elsewhere.
 
-Grids: the gate is elementwise: `[BM, BC]` tiles of `quant_config`. The gated norm: one
+Grids: the gate is elementwise: `[BM, BC]` tiles of `gate_config` (the quant kernel's, at 8 values a thread
+where the act·mul takes 8). The gated norm: one
 program per BM rows and one group, row tiles first (`(cdiv(rows, BM), K / G)`; groups first,
 `groups_first=True`, measured 0-3% slower on the H200: docs/perf_notes.md, run 10); a group's
 padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
@@ -127,9 +128,9 @@ class GatedNormConfig(NamedTuple):
     block_rows: int
     num_warps: int
     code_vector: int = 8
-    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
+    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint; `gated_norm_config` takes 16)."""
     max_registers: int = 0
-    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice; `gated_norm_config` takes 64)."""
     pdl: bool = False
     """Programmatic dependent launch (NVIDIA only; off by default)."""
 
@@ -145,7 +146,7 @@ def gate_config(k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DR
     """The gate's default launch shape: the quant kernel's `quant_config(k, m)` tile (4096 values, 16 a
     thread), its rows cut to 8 values a thread where the act·mul takes 8 (`values_per_thread`: while the
     launch fits in the SMs' resident threads at 8, and at large M on a memory below 30 GB/s an SM).
-    H100, K 2048 / 4096: 0.1-0.3 µs faster at M 16-1024 (2.33 against 2.66 at K 2048 M 16), within 0.4% at
+    H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
     M 4096-16384 (docs/perf_notes.md, run 15). The gate is elementwise: any tile gives the same bits."""
     cfg = quant_config(k, m)
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
