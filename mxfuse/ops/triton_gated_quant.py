@@ -322,6 +322,7 @@ def gate_launch(
     qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
+    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
@@ -333,11 +334,11 @@ def gate_launch(
         BC=cfg.block_cols,
         MX=spec,
         MATH=math_of(x.device, isa),
-        PDL=cfg.pdl and pdl_allowed(isa),
+        PDL=pdl,
     )
     max_registers = cfg.max_registers if isa == "ptx" else 0
-    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
-                                 pdl=constexprs["PDL"], max_registers=max_registers)  # fmt: skip
+    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=pdl,
+                                 max_registers=max_registers)  # fmt: skip
 
 
 def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
@@ -400,6 +401,7 @@ def gated_norm_launch(
     cfg_n = config or gated_norm_config(group_size)
     _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
+    pdl = cfg_n.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
     row_axis = 1 if groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
@@ -420,11 +422,11 @@ def gated_norm_launch(
         ROW_AXIS=row_axis,
         MX=spec,
         MATH=math_of(x.device, isa),
-        PDL=cfg_n.pdl and pdl_allowed(isa),
+        PDL=pdl,
     )
     max_registers = cfg_n.max_registers if isa == "ptx" else 0
-    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False,
-                                 pdl=constexprs["PDL"], max_registers=max_registers)  # fmt: skip
+    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False, pdl=pdl,
+                                 max_registers=max_registers)  # fmt: skip
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None) -> tuple:
