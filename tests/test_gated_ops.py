@@ -320,7 +320,7 @@ def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
 
 def test_launch_shape_defaults_and_checks():
     """`config=None` is the dispatch's shape (the gate: the quant kernel's tile, cut to 8 values a thread where
-    the act·mul takes 8; the norm: a function of G alone, 16 codes a thread at 64 registers); a given config
+    the act·mul takes 8; the norm: a function of G alone); a given config
     reaches the launch (tile, warps, code layout, the register cap and PDL on NVIDIA only); a shape Triton
     cannot lay out is one clear error."""
     from mxfuse.ops import triton_gated_quant as tg
@@ -339,8 +339,7 @@ def test_launch_shape_defaults_and_checks():
         default = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx")[1]
         same = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx", config=tg.gate_config(k, m))[1]
         assert (default.grid, default.constexprs, default.num_warps) == (same.grid, same.constexprs, same.num_warps)
-    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:], 16, 64)
-    assert tg.gated_norm_config(128) == tg.GatedNormConfig(32, 8, code_vector=16, max_registers=64)
+    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:]) == tg.GatedNormConfig(32, 8)
     cfg = tg.GateConfig(2, 512, 4, 8, 32)
     for isa, regs in (("ptx", 32), ("portable", 0)):
         la = tg.gate_launch(meta(300, 2048), meta(300, 2048), quant=True, isa=isa, config=cfg)[1]

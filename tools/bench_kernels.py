@@ -831,16 +831,16 @@ def gated_table(results, copy_tbs) -> str:
 
 
 def gated_variants():
-    """Launch shapes of the fused gated ops timed beside the default (`config=`; the same bits): the gate as
-    f(K, M), the norm as f(G) (batch invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024)
-    tile on 8 warps, 8 values a thread, 32 registers, where `gate_config` takes 8, else (4, 1024), 16 a thread,
-    47 registers (5 programs an SM); the norm's 32 x 128 on 8 warps, 16 values and 16 codes a thread, held to
-    64 registers (4 programs). "quant-tile": the gate in the quant kernel's tile at every M (16 a thread; the
-    default before run 15); "v8": 8 a thread at every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread
-    on 4 warps (66 registers, 11% fewer instructions a value). The norm: "cv8": 8 codes a thread (64 registers,
-    8% more instructions; the default before run 15); "cv16": 16 codes uncapped (67 registers, 3 programs an
-    SM); "v8": 8 values a thread (41 registers, 5 programs; about 27% more instructions a value); "v8-regs40":
-    that capped at 40 (no spill; 6 programs); "v8w16": 4096 values on 16 warps (41 registers)."""
+    """Launch shapes of the fused gated ops timed beside the default (`config=`; the same bits), each compiling
+    without a spill on every target of tools/compile_targets.py: the gate as f(K, M), the norm as f(G) (batch
+    invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024) tile on 8 warps, 8 values a thread,
+    32 registers, where `gate_config` takes 8, else (4, 1024), 16 a thread, 47 registers (5 programs an SM); the
+    norm's 32 x 128 on 8 warps, 16 values and 8 codes a thread, 64 registers (4 programs). "quant-tile": the gate
+    in the quant kernel's tile at every M (16 a thread; the default before run 15); "v8": 8 a thread at every M;
+    "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11% fewer instructions a
+    value). The norm: "cv16": 16 codes a thread (67 registers, 3 programs an SM, 8% fewer instructions; capped
+    at 64 it was faster on the H100 but spills on sm_100: run 15); "v8": 8 values a thread (41 registers, 5
+    programs; about 27% more instructions a value); "v8w16": 4096 values on 16 warps (41 registers)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -867,13 +867,7 @@ def gated_variants():
         return pick
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
-    norm = {
-        "cv8": norm_rows(1, code_vector=8),
-        "cv16": norm_rows(1, code_vector=16),
-        "v8": norm_rows(2, code_vector=8),
-        "v8-regs40": norm_rows(2, code_vector=8, max_registers=40),
-        "v8w16": norm_rows(1, 2, code_vector=8),
-    }
+    norm = {"cv16": norm_rows(1, code_vector=16), "v8": norm_rows(2), "v8w16": norm_rows(1, 2)}
     return gate, norm
 
 

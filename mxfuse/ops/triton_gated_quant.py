@@ -98,10 +98,6 @@ MAX_GRID_Y = 65535
 CODE_VECTORS = (8, 16)
 GATE_SMALL_VALUES = 8
 """The gate's values a thread where `values_per_thread` takes the fewer (its tile otherwise holds 16)."""
-GATED_NORM_MAX_REGISTERS = 64
-"""The gated norm's register cap (NVIDIA): with 16 codes a thread it compiles to 67 on sm_90 (3 programs of 8
-warps an SM); at 64 it has no spill and 4 programs, the 8-code layout's occupancy (sm_90, Triton 3.6). H100:
-0.1-0.35 µs faster at M <= 16, 1-2% at M >= 1024 (docs/perf_notes.md, run 15)."""
 
 
 class GateConfig(NamedTuple):
@@ -128,9 +124,9 @@ class GatedNormConfig(NamedTuple):
     block_rows: int
     num_warps: int
     code_vector: int = 8
-    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint; `gated_norm_config` takes 16)."""
+    """`MxSpec.CODE_VECTOR` (8 or 16; a layout hint)."""
     max_registers: int = 0
-    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice; `gated_norm_config` takes 64)."""
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
     pdl: bool = False
     """Programmatic dependent launch (NVIDIA only; off by default)."""
 
@@ -356,10 +352,11 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
 
 def gated_norm_config(group_size: int) -> GatedNormConfig:
     """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
-    16 codes a thread (half a block: one address, one shuffle level and one scale store where 8 codes take
-    two, four and two; 8% fewer instructions) held to GATED_NORM_MAX_REGISTERS."""
+    8 codes a thread. 16 codes a thread held to 64 registers was 0.16-0.35 µs faster at M <= 16 on an H100
+    (sm_90), but at 64 registers it spills on sm_100 (Triton 3.8), and uncapped (67 on sm_90) it is 1-3%
+    slower from M 1024 (docs/perf_notes.md, run 15)."""
     _, bm, warps = gated_norm_tile(group_size)
-    return GatedNormConfig(bm, warps, code_vector=16, max_registers=GATED_NORM_MAX_REGISTERS)
+    return GatedNormConfig(bm, warps)
 
 
 def gated_norm_launch(
