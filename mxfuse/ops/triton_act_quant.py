@@ -95,6 +95,7 @@ from triton.language.extra import libdevice
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
+    CODE_VECTORS,
     COLUMN_TILE,
     MxSpec,
     _f8_128x4_offset,
@@ -147,7 +148,6 @@ MAX_GRID_Y = 65535
 SCALE_PAD_ROWS = 128
 """Rows of swizzled-scale padding one padding program zeroes (per column block)."""
 WIDENINGS = ("shift", "cvt")
-CODE_VECTORS = (8, 16)
 WIDE_CODES_MAX_COLS = 512
 """Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
 one shuffle per block amax): 1-6% faster on the H200 while the codes fit in half the L2; at 1024 columns it

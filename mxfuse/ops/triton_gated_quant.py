@@ -61,7 +61,16 @@ from mxfuse.ops.norm_quant_config import NOMINAL_SMS, next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_act_quant import values_per_thread
 from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
-from mxfuse.ops.triton_mx_quant import MxDst, MxSpec, _mx_epilogue, _store_scales, mx_dst, producer_outputs, rule_name
+from mxfuse.ops.triton_mx_quant import (
+    CODE_VECTORS,
+    MxDst,
+    MxSpec,
+    _mx_epilogue,
+    _store_scales,
+    mx_dst,
+    producer_outputs,
+    rule_name,
+)
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum
 from mxfuse.ops.triton_targets import (
     NOMINAL_DRAM_BYTES_PER_S,
@@ -95,7 +104,6 @@ hold half a block each (one shuffle per amax, one 16-byte code store), the layou
 epilogue (sm_90 SASS: 712 instructions against 752 with 8)."""
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
-CODE_VECTORS = (8, 16)
 GATE_SMALL_VALUES = 8
 """The gate's values a thread where `values_per_thread` takes the fewer (its tile otherwise holds 16)."""
 

@@ -84,6 +84,10 @@ class MxDst(NamedTuple):
     """K / 32 padded to 4: the swizzled layout's columns."""
 
 
+CODE_VECTORS = (8, 16)
+"""The values `MxSpec.CODE_VECTOR` takes (the producers' configs check theirs against it)."""
+
+
 class MxSpec(NamedTuple):
     """How the epilogue quantizes and stores (a constexpr: every field selects code)."""
 
@@ -100,9 +104,9 @@ class MxSpec(NamedTuple):
     ISA: str
     """`triton_targets.Isa`."""
     CODE_VECTOR: int = 8
-    """Contiguous codes per thread the code store is laid out for (a layout hint: the same bits for any
-    value): 8, the register layout of 16-byte bf16 loads (no layout conversion after a norm's loads), or 16
-    (one 16-byte store, and half a block per thread: one shuffle per block amax instead of two)."""
+    """Contiguous codes per thread the code store is laid out for (a layout hint: the same bits for any of
+    CODE_VECTORS): 8, the register layout of 16-byte bf16 loads (no layout conversion after a norm's loads),
+    or 16 (one 16-byte store, and half a block per thread: one shuffle per block amax instead of two)."""
 
 
 # --------------------------------------------------------------------------- the epilogue
