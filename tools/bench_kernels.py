@@ -818,7 +818,7 @@ def gated_table(results, copy_tbs) -> str:
         ]
         for r in results:
             fused = r[f"{prod}_fused"]
-            nbytes = (2 * 2 + 1 + 1 / 32) * r["M"] * r["K"]
+            nbytes = producer_bytes(r["M"], r["K"])
             rate = tbs(nbytes, fused)
             lines.append(
                 f"| {r['K']} | {r['M']} | {fused:.2f} | {r[f'{prod}_fused_swz']:.2f} | {rate:.2f} | "
@@ -881,7 +881,7 @@ def gated_variant_table(results, copy_tbs) -> str:
         lines += [f"\n### {prod}: launch shapes (fused, row-major, µs per call)\n", "| " + " | ".join(cols) + " |",
                   "|" + "---|" * len(cols)]  # fmt: skip
         for r in results:
-            nbytes = (2 * 2 + 1 + 1 / 32) * r["M"] * r["K"]
+            nbytes = producer_bytes(r["M"], r["K"])
             best = min(r[f"{prod}_fused"], *(r[n] for n in names))
             cells = [r["K"], r["M"], tuple(r[f"{prod}_default_cfg"]), f"{r[f'{prod}_fused']:.2f}"]
             cells += [f"{r[n]:.2f}" for n in names] + [f"{100 * tbs(nbytes, best) / copy_tbs:.0f}%"]
@@ -907,9 +907,10 @@ ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant", "copy")
 
 
-def act_bytes(m: int, i: int) -> int:
-    """Bytes the fused row-major op moves: gate and up read, codes and scales written (5.03·M·I)."""
-    return 2 * m * 2 * i + m * i + m * scale_columns(i)
+def producer_bytes(m: int, k: int) -> int:
+    """Bytes a fused two-input producer (act·mul, gate, gated norm) moves, row-major: both bf16 `[M, K]` inputs
+    read, codes and scales written (5.03·M·K)."""
+    return 2 * m * 2 * k + m * k + m * scale_columns(k)
 
 
 def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
@@ -1013,7 +1014,7 @@ def act_mul_point(i, m, compiled, liger, log=print):
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
-    half = act_bytes(m, i) // 4  # bf16 elements: half the bytes read, half written
+    half = producer_bytes(m, i) // 4  # bf16 elements: half the bytes read, half written
     copies = [(torch.ones(half, device="cuda", dtype=DT),) for _ in range(n)]
     copy_dst = torch.empty(half, device="cuda", dtype=DT)
     t("copy_sm", lambda src: torch.neg(src, out=copy_dst), copies)  # a kernel on the SMs
@@ -1034,7 +1035,7 @@ def act_mul_table(results, copy_tbs):
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         i, m = r["I"], r["M"]
-        nbytes = act_bytes(m, i)
+        nbytes = producer_bytes(m, i)
         f = r["fused"]
         lines.append(
             f"| {i} | {m} | "
@@ -1051,7 +1052,7 @@ def act_variant_table(results, copy_tbs):
     head = "| I | M | default (BM, BC, warps) | default | " + " | ".join(n[2:] for n in names) + " | best % copy |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
-        nbytes = act_bytes(r["M"], r["I"])
+        nbytes = producer_bytes(r["M"], r["I"])
         best = min(r["fused"], *(r[n] for n in names))
         cfg = tuple(r["default_cfg"][:3])
         lines.append(f"| {r['I']} | {r['M']} | {cfg} | {r['fused']:.1f} | " + " | ".join(f"{r[n]:.1f}" for n in names)
