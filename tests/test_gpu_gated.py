@@ -178,16 +178,15 @@ def gate_shapes(k: int) -> set:
 
 
 def norm_shapes(group: int) -> set:
-    """The gated norm's default (a function of G) and the benchmark's candidates: 16 codes a thread (also held
-    to 64 registers, run 15's H100 candidate), half the rows (8 values a thread at G 128, also capped at 40
-    registers), twice the warps; and a quarter of the rows on half the warps, twice the rows."""
+    """The gated norm's default (a function of G: 16 codes a thread) and the benchmark's candidates (8 codes a
+    thread; half the rows, 8 values a thread; twice the rows, 32 a thread), twice the warps, and a quarter of the
+    rows on half the warps."""
     from mxfuse.ops.triton_gated_quant import gated_norm_config
 
     d = gated_norm_config(group)
     half = max(1, d.block_rows // 2)
-    return {d, d._replace(code_vector=16), d._replace(code_vector=16, max_registers=64),
-            d._replace(block_rows=half), d._replace(block_rows=half, max_registers=40),
-            d._replace(num_warps=min(16, 2 * d.num_warps)),
+    return {d, d._replace(code_vector=8), d._replace(block_rows=half, code_vector=8),
+            d._replace(num_warps=min(16, 2 * d.num_warps), code_vector=8),
             d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2)),
             d._replace(block_rows=2 * d.block_rows)}  # fmt: skip
 

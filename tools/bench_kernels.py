@@ -835,12 +835,12 @@ def gated_variants():
     without a spill on every target of tools/compile_targets.py: the gate as f(K, M), the norm as f(G) (batch
     invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024) tile on 8 warps, 8 values a thread,
     32 registers, where `gate_config` takes 8, else (4, 1024), 16 a thread, 47 registers (5 programs an SM); the
-    norm's 32 x 128 on 8 warps, 16 values and 8 codes a thread, 64 registers (4 programs). "quant-tile": the gate
-    in the quant kernel's tile at every M (16 a thread; the default before run 15); "v8": 8 a thread at every M;
-    "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11% fewer instructions a
-    value). The norm: "cv16": 16 codes a thread (67 registers, 3 programs an SM, 8% fewer instructions; capped
-    at 64 it was faster on the H100 but spills on sm_100: run 15); "v8": 8 values a thread (41 registers, 5
-    programs; about 27% more instructions a value); "v8w16": 4096 values on 16 warps (41 registers)."""
+    norm's 32 x 128 on 8 warps, 16 values and 16 codes a thread, 40 registers (6 programs; run 16). "quant-tile":
+    the gate in the quant kernel's tile at every M (16 a thread; the default before run 15); "v8": 8 a thread at
+    every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11% fewer
+    instructions a value). The norm: "cv8": 8 codes a thread (the default before run 16; 40 registers, 9% more
+    instructions); "v8": 8 values a thread (32 registers, 8 programs an SM; 22% more instructions a value);
+    "v32": 64 x 128, 32 values a thread (64 registers, 4 programs; 8% fewer instructions a value)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -857,17 +857,19 @@ def gated_variants():
         q = quant_config(k, m)
         return tg.GateConfig(q.block_rows, q.block_cols, q.num_warps)
 
-    def norm_rows(share: int, warps_factor: int = 1, **fields):
-        """The default's rows / `share` (at least 1), its warps x `warps_factor` (at most 16)."""
+    def norm_rows(share: int, warps_factor: int = 1, rows: int = 1, **fields):
+        """The default's rows x `rows` / `share` (at least 1), its warps x `warps_factor` (at most 16)."""
 
         def pick(group):
             d = tg.gated_norm_config(group)
-            return tg.GatedNormConfig(max(1, d.block_rows // share), min(16, d.num_warps * warps_factor), **fields)
+            fields.setdefault("code_vector", d.code_vector)
+            bm = max(1, d.block_rows * rows // share)
+            return tg.GatedNormConfig(bm, min(16, d.num_warps * warps_factor), **fields)
 
         return pick
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
-    norm = {"cv16": norm_rows(1, code_vector=16), "v8": norm_rows(2), "v8w16": norm_rows(1, 2)}
+    norm = {"cv8": norm_rows(1, code_vector=8), "v8": norm_rows(2, code_vector=8), "v32": norm_rows(1, 1, rows=2)}
     return gate, norm
 
 

@@ -9,6 +9,8 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
 - :func:`exp_f32` is libdevice's `__nv_expf` instruction for instruction (its PTX, read from
   Triton's libdevice), except that the FMA and the saturate that follows it are one
   `fma.rn.ftz.sat.f32` (the same value by the PTX definition of `.sat`): 8 instructions, not 9;
+  :func:`exp_neg_f32` is `exp_f32(-x)` with the negation in its constants (the SiLU's and sigmoid's
+  `exp(-x)`: Triton's `-x` is an FADD of its own);
 - :func:`div_ge1` is `div.full.f32` for a divisor `d >= 1` or NaN (every `1 + exp(-x)`): the
   operands scaled by 1/4 when `d > 2**126`, then `x * rcp.approx(d)`, without the subnormal-divisor
   branch that can never be taken: 5 instructions against 8 for `div.full.f32` and 10 for the
@@ -45,7 +47,7 @@ from mxfuse.ops.triton_targets import Isa
 
 Math = Literal["ptx", "portable", "interpreter"]
 
-__all__ = ["Math", "div_ge1", "exp_f32", "math_of", "sigmoid_f32", "silu_f32"]
+__all__ = ["Math", "div_ge1", "exp_f32", "exp_neg_f32", "math_of", "sigmoid_f32", "silu_f32"]
 
 
 def math_of(device: torch.device, isa: Isa) -> Math:
@@ -55,34 +57,51 @@ def math_of(device: torch.device, isa: Isa) -> Math:
     return "ptx" if isa == "ptx" else "portable"
 
 
+def _expf_ptx(sign: str) -> str:
+    """libdevice's `__nv_expf` as PTX of `$1` (sign "") or of `-$1` (sign "-": the three products' constants
+    negated, so the input needs no negation of its own)."""
+    c = {"": ("3BBB989D", "3FB8AA3B", "32A57060"), "-": ("BBBB989D", "BFB8AA3B", "B2A57060")}[sign]
+    return f"""{{
+            .reg .f32 t, j, f, p;
+            .reg .b32 s;
+            fma.rn.ftz.sat.f32 t, $1, 0f{c[0]}, 0f3F000000;
+            fma.rm.ftz.f32 j, t, 0f437C0000, 0f4B400001;
+            add.rn.f32 f, j, 0fCB40007F;
+            neg.f32 f, f;
+            fma.rn.ftz.f32 f, $1, 0f{c[1]}, f;
+            fma.rn.ftz.f32 f, $1, 0f{c[2]}, f;
+            shl.b32 s, j, 23;
+            ex2.approx.ftz.f32 p, f;
+            mul.rn.f32 $0, p, s;
+            }}"""
+
+
+EXPF_PTX = tl.constexpr(_expf_ptx(""))
+EXPF_NEG_PTX = tl.constexpr(_expf_ptx("-"))
+
+
 @triton.jit
 def exp_f32(v, MATH: tl.constexpr):
     """fp32 `exp(v)`: CUDA's `expf` bits on NVIDIA (libdevice's sequence, the saturate folded into its FMA)."""
     if MATH == "ptx":
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .f32 t, j, f, p;
-            .reg .b32 s;
-            fma.rn.ftz.sat.f32 t, $1, 0f3BBB989D, 0f3F000000;
-            fma.rm.ftz.f32 j, t, 0f437C0000, 0f4B400001;
-            add.rn.f32 f, j, 0fCB40007F;
-            neg.f32 f, f;
-            fma.rn.ftz.f32 f, $1, 0f3FB8AA3B, f;
-            fma.rn.ftz.f32 f, $1, 0f32A57060, f;
-            shl.b32 s, j, 23;
-            ex2.approx.ftz.f32 p, f;
-            mul.rn.f32 $0, p, s;
-            }""",
-            "=r,r",
-            [v],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
+        return tl.inline_asm_elementwise(EXPF_PTX, "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
     elif MATH == "portable":
         return libdevice.exp(v)
     else:
         return tl.exp(v)
+
+
+@triton.jit
+def exp_neg_f32(v, MATH: tl.constexpr):
+    """fp32 `exp(-v)`, the bits of `exp_f32(-v)` on every input. Triton's unary minus is `0 - v`, an FADD a
+    value that ptxas must keep (it maps -0 to +0); here the negation is folded into the three products'
+    constants. Only the input zeros' signs differ from `exp_f32(0 - v)` inside, and both give exp 1 there."""
+    if MATH == "ptx":
+        return tl.inline_asm_elementwise(EXPF_NEG_PTX, "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
+    elif MATH == "portable":
+        return libdevice.exp(-v)
+    else:
+        return tl.exp(-v)
 
 
 @triton.jit
@@ -116,7 +135,7 @@ def div_ge1(x, d, MATH: tl.constexpr):
 def _over_one_plus_exp_neg(n, x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr):
     """`n / (1 + exp(-x))`: Inductor's `/`, or with ROUNDED_DIV the correctly rounded `div_rn` of torch's eager
     CUDA kernels."""
-    d = 1.0 + exp_f32(-x, MATH)
+    d = 1.0 + exp_neg_f32(x, MATH)
     if ROUNDED_DIV:
         return tl.math.div_rn(n, d)
     else:

@@ -71,7 +71,7 @@ from mxfuse.ops.triton_mx_quant import (
     producer_outputs,
     rule_name,
 )
-from mxfuse.ops.triton_norm_prologue import _pairwise_sum
+from mxfuse.ops.triton_norm_prologue import _pairwise_sum, _to_f32
 from mxfuse.ops.triton_targets import (
     NOMINAL_DRAM_BYTES_PER_S,
     Isa,
@@ -212,10 +212,11 @@ def _gate_kernel(
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
-    s = sigmoid_f32(g.to(tl.float32), MATH, ROUNDED_DIV=True)
+    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+    s = sigmoid_f32(_to_f32(g, "bits", ISA), MATH, ROUNDED_DIV=True)
     if ROUND_GATE:
         s = s.to(x.dtype).to(tl.float32)
-    yf = x.to(tl.float32) * s
+    yf = x.to(tl.float32) * s  # (a bf16 x bf16 product LLVM rounds with one HMUL2 when ROUND_GATE: a cvt, not bits)
     y = yf.to(x.dtype)
     if QUANT:  # padding rows of F8_128x4 load zeros: y = 0, scale byte 0
         _mx_epilogue(yf, y, rows, cols, mask, tl.program_id(1) * (BC // 32), K, dst, scale_rows, BM, BC, MX)
@@ -263,14 +264,18 @@ def _gated_norm_kernel(
     z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # z = 1: the module docstring
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
-    act = _gate_activation(z.to(tl.float32), ACTIVATION, MATH)
-    s = x.to(tl.float32)
+    act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
+    s = _to_f32(x, "bits", ISA)
     if not NORM_BEFORE_GATE:
         s = s * act
     # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
     # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
     # so fused and unfused would round the mean square differently; the pairwise tree does not
-    var = tl.math.div_rn(_pairwise_sum(s * s, BM, GP), group_size.to(tl.float32))
+    ssq = _pairwise_sum(s * s, BM, GP)
+    if G & (G - 1) == 0:  # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value)
+        var = ssq * (1.0 / G)
+    else:
+        var = tl.math.div_rn(ssq, group_size.to(tl.float32))
     n = s * _rsqrt(var + eps, ISA)[:, None]
     if ROUND_NORMALIZED:
         n = n.to(x.dtype).to(tl.float32)
@@ -330,7 +335,10 @@ def gate_launch(
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
-    spec = MxSpec(swizzled, bool(emit_y and quant), qcfg.quant_ops, qcfg.scale_store, rule_key, isa, cfg.code_vector)
+    # a rounded gate makes y a product of two bf16 values, which LLVM rounds with one HMUL2 a pair: pairing the
+    # fp32 product's rounding instead would cost 56 instructions a thread (sm_90, K 4096)
+    quant_ops = qcfg.quant_ops if round_gate else _paired(qcfg.quant_ops)
+    spec = MxSpec(swizzled, bool(emit_y and quant), quant_ops, qcfg.scale_store, rule_key, isa, cfg.code_vector)
     constexprs = dict(
         QUANT=bool(quant),
         ROUND_GATE=bool(round_gate),
@@ -343,6 +351,13 @@ def gate_launch(
     max_registers = cfg.max_registers if isa == "ptx" else 0
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=pdl,
                                  max_registers=max_registers)  # fmt: skip
+
+
+def _paired(quant_ops: str) -> str:
+    """The quant's NaN / Inf handling with y rounded to bf16 two values per convert (`hw-bf16x2`; the epilogue
+    takes it for bf16 without `emit_y` only): half the converts of an fp32 y (the gated producers are
+    issue-bound on the H200)."""
+    return "hw-bf16x2" if quant_ops == "hw" else quant_ops
 
 
 def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
@@ -360,11 +375,11 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
 
 def gated_norm_config(group_size: int) -> GatedNormConfig:
     """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
-    8 codes a thread. 16 codes a thread held to 64 registers was 0.16-0.35 µs faster at M <= 16 on an H100
-    (sm_90), but at 64 registers it spills on sm_100 (Triton 3.8), and uncapped (67 on sm_90) it is 1-3%
-    slower from M 1024 (docs/perf_notes.md, run 15)."""
+    16 codes a thread (one 16-byte code store, half a block a thread). Since the mean square divides by a
+    power of two with a multiply (no division subroutine left to call) it takes 40 registers on sm_90 and
+    sm_100 (44 with swizzled scales and y), and 8% fewer instructions than 8 codes (docs/perf_notes.md, run 16)."""
     _, bm, warps = gated_norm_tile(group_size)
-    return GatedNormConfig(bm, warps)
+    return GatedNormConfig(bm, warps, code_vector=16)
 
 
 def gated_norm_launch(
@@ -413,7 +428,8 @@ def gated_norm_launch(
     cfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, k, x.stride(0) if m > 1 else k,
             z.stride(0) if m > 1 else k, group_size, float(eps))  # fmt: skip
-    spec = MxSpec(swizzled, bool(emit_y and quant), cfg.quant_ops, cfg.scale_store, rule_key, isa, cfg_n.code_vector)
+    spec = MxSpec(swizzled, bool(emit_y and quant), _paired(cfg.quant_ops), cfg.scale_store, rule_key, isa,
+                  cfg_n.code_vector)  # fmt: skip
     constexprs = dict(
         G=group_size,
         GP=gp,
