@@ -179,13 +179,13 @@ def gate_shapes(k: int) -> set:
 
 def norm_shapes(group: int) -> set:
     """The gated norm's default (a function of G: 16 codes a thread) and the benchmark's candidates (8 codes a
-    thread; half the rows, 8 values a thread; twice the rows, 32 a thread), twice the warps, and a quarter of the
-    rows on half the warps."""
+    thread; no load barrier; half the rows, 8 values a thread; twice the rows, 32 a thread), twice the warps, and
+    a quarter of the rows on half the warps."""
     from mxfuse.ops.triton_gated_quant import gated_norm_config
 
     d = gated_norm_config(group)
     half = max(1, d.block_rows // 2)
-    return {d, d._replace(code_vector=8), d._replace(block_rows=half, code_vector=8),
+    return {d, d._replace(code_vector=8), d._replace(load_fence=False), d._replace(block_rows=half, code_vector=8),
             d._replace(num_warps=min(16, 2 * d.num_warps), code_vector=8),
             d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2)),
             d._replace(block_rows=2 * d.block_rows)}  # fmt: skip

@@ -869,7 +869,9 @@ def gated_variants():
         return pick
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
-    norm = {"cv8": norm_rows(1, code_vector=8), "v8": norm_rows(2, code_vector=8), "v32": norm_rows(1, 1, rows=2)}
+    norm = {"nofence": norm_rows(1, load_fence=False), "cv8": norm_rows(1, code_vector=8),
+            "cv8-nofence": norm_rows(1, code_vector=8, load_fence=False), "v8": norm_rows(2, code_vector=8),
+            "v32": norm_rows(1, 1, rows=2), "v32-nofence": norm_rows(1, 1, rows=2, load_fence=False)}  # fmt: skip
     return gate, norm
 
 

@@ -137,6 +137,8 @@ class GatedNormConfig(NamedTuple):
     """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
     pdl: bool = False
     """Programmatic dependent launch (NVIDIA only; off by default)."""
+    load_fence: bool = True
+    """A barrier between the z / weight loads and x's, so that every load is issued before x's reduction waits."""
 
 
 def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> None:
@@ -249,6 +251,7 @@ def _gated_norm_kernel(
     ROW_AXIS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
+    LOAD_FENCE: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
@@ -260,10 +263,14 @@ def _gated_norm_kernel(
     j = tl.arange(0, GP)
     cols = group * G + j
     mask = (rows < M)[:, None] & (j < G)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # z = 1: the module docstring
     w_offs = cols if W_FULL else j
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
+    if LOAD_FENCE:
+        # ptxas otherwise issues z's loads after x's sum of squares, which waits for x: two memory round trips in
+        # a row, up to 0.9 µs more a program on an H100 (docs/perf_notes.md, run 16); the barrier keeps them ahead
+        tl.debug_barrier()
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
     s = _to_f32(x, "bits", ISA)
     if not NORM_BEFORE_GATE:
@@ -443,6 +450,7 @@ def gated_norm_launch(
         ROW_AXIS=row_axis,
         MX=spec,
         MATH=math_of(x.device, isa),
+        LOAD_FENCE=bool(cfg_n.load_fence),
         PDL=pdl,
     )
     max_registers = cfg_n.max_registers if isa == "ptx" else 0
