@@ -137,15 +137,17 @@ def test_batch_invariance():
 @pytest.mark.parametrize("k, group", [(4096, 128), (288, 96), (6144, 6144)])
 @pytest.mark.parametrize("swizzled", [False, True], ids=["rowmajor", "swizzled"])
 def test_gated_norm_grid_order_computes_the_same_bits(k, group, swizzled):
-    """Row tiles first (the default) or groups first: the same codes, scales and y."""
+    """Row tiles first or groups first (the default's grid and the other): the same codes, scales and y."""
     from mxfuse.ops import triton_gated_quant as tg
 
     x, z = inputs(300, k)
     w = weight(group, torch.bfloat16)
     for rule in (0, 1):
         want = tg.gated_rms_norm(x, z, w, EPS, group, quant=True, swizzled=swizzled, emit_y=True, rule=rule)
+        other = tg.gated_norm_config(group)
+        other = other._replace(groups_first=not other.groups_first)
         got = tg.gated_rms_norm(x, z, w, EPS, group, quant=True, swizzled=swizzled, emit_y=True, rule=rule,
-                                groups_first=True)  # fmt: skip
+                                config=other)  # fmt: skip
         assert_bitwise(got, want, f"rule={rule}")
 
 

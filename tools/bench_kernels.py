@@ -777,10 +777,9 @@ def bench_gated_point(k, m, compiled=None, log=print):
     t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
     from mxfuse.ops import triton_gated_quant as tg  # the other grid order (consecutive programs: a row's groups)
 
-    t(
-        "norm_fused_groupsfirst",
-        lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, groups_first=True),
-    )
+    flipped = tg.gated_norm_config(GATED_GROUP)
+    flipped = flipped._replace(groups_first=not flipped.groups_first)
+    t("norm_fused_groupsfirst", lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=flipped))
     gate_variants, norm_variants = gated_variants()
     from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
 
@@ -813,7 +812,7 @@ def gated_table(results, copy_tbs) -> str:
             f"\n### {title} -> MXFP8 (bf16; fused vs. the unfused pair, the producer alone, torch.compile)\n",
             "| K | M | fused µs | swizzled µs | TB/s | % copy | unfused pair µs | pair / fused | producer alone µs |"
             " compiled producer µs | compiled producer+quant µs | alone / fused |"
-            + (" groups-first grid µs |" if prod == "norm" else ""),
+            + (" other grid order µs |" if prod == "norm" else ""),
             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if prod == "norm" else ""),
         ]
         for r in results:
@@ -835,12 +834,14 @@ def gated_variants():
     without a spill on every target of tools/compile_targets.py: the gate as f(K, M), the norm as f(G) (batch
     invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024) tile on 8 warps, 8 values a thread,
     32 registers, where `gate_config` takes 8, else (4, 1024), 16 a thread, 47 registers (5 programs an SM); the
-    norm's 32 x 128 on 8 warps, 16 values and 16 codes a thread, 40 registers (6 programs; run 16). "quant-tile":
-    the gate in the quant kernel's tile at every M (16 a thread; the default before run 15); "v8": 8 a thread at
-    every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11% fewer
-    instructions a value). The norm: "cv8": 8 codes a thread (the default before run 16; 40 registers, 9% more
-    instructions); "v8": 8 values a thread (32 registers, 8 programs an SM; 22% more instructions a value);
-    "v32": 64 x 128, 32 values a thread (64 registers, 4 programs; 8% fewer instructions a value)."""
+    norm's 32 x 128 on 8 warps, 16 values and 16 codes a thread, the load barrier, groups first, 58 registers (4
+    programs; run 16). "quant-tile": the gate in the quant kernel's tile at every M (16 a thread; the default before
+    run 15); "v8": 8 a thread at every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66
+    registers, 11% fewer instructions a value). The norm: "nofence": without the load barrier (40 registers, z
+    loaded after x's reduction); "cv8": 8 codes a thread (9% more instructions); "v8": 8 values a thread (16 rows;
+    22% more instructions a value, 8 programs an SM), also row tiles first; the default in the other grid order
+    is the gated section's own column. Run 16 (H100) timed these and "v32" (32 values a thread: 80 registers,
+    slower everywhere)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -869,9 +870,12 @@ def gated_variants():
         return pick
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
-    norm = {"nofence": norm_rows(1, load_fence=False), "cv8": norm_rows(1, code_vector=8),
-            "cv8-nofence": norm_rows(1, code_vector=8, load_fence=False), "v8": norm_rows(2, code_vector=8),
-            "v32": norm_rows(1, 1, rows=2), "v32-nofence": norm_rows(1, 1, rows=2, load_fence=False)}  # fmt: skip
+    norm = {
+        "nofence": norm_rows(1, load_fence=False),
+        "cv8": norm_rows(1, code_vector=8),
+        "v8": norm_rows(2, code_vector=8),
+        "rows-first v8": norm_rows(2, code_vector=8, groups_first=False),
+    }
     return gate, norm
 
 

@@ -34,14 +34,16 @@ Arithmetic (compiled without FMA contraction):
 - the gated norm's mean square: a `[BM, GP]` tile holds whole groups (GP = the group padded
   to a power of two, >= 128), summed by the fixed pairwise tree of the norm kernels
   (`_pairwise_sum`: the same order for any layout, BM or grid, so fused == unfused and batch
-  invariance hold whatever the tile), divided by G with `div_rn`; `1/sqrt` is
+  invariance hold whatever the tile), divided by G with `div_rn` (a multiply by 1/G where G is a power of two:
+  the same bits, and no division subroutine to hold registers for); `1/sqrt` is
   `rsqrt.approx.f32` on NVIDIA (what torch's CUDA `rsqrt` and Inductor compute) and
   `tl.math.rsqrt` elsewhere.
 
 Grids: the gate is elementwise: `[BM, BC]` tiles of `gate_config` (the quant kernel's, at 8 values a thread
-where the act·mul takes 8). The gated norm: one
-program per BM rows and one group, row tiles first (`(cdiv(rows, BM), K / G)`; groups first,
-`groups_first=True`, measured 0-3% slower on the H200: docs/perf_notes.md, run 10); a group's
+where the act·mul takes 8). The gated norm: one program per BM rows and one group, groups first (`(K / G,
+cdiv(rows, BM))`: consecutive programs read a row tile's K contiguous values; 3-4% faster than row tiles first
+at M 16384 on an H100, run 16, where run 10 measured it 0-3% slower on the H200 with the previous kernel);
+a group's
 padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
 rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, was chosen when the SiLU
 divided with `div.rn.f32`, whose slow path a zero numerator takes (4.9 µs at M 1 against 3.3 at
@@ -139,6 +141,9 @@ class GatedNormConfig(NamedTuple):
     """Programmatic dependent launch (NVIDIA only; off by default)."""
     load_fence: bool = True
     """A barrier between the z / weight loads and x's, so that every load is issued before x's reduction waits."""
+    groups_first: bool = False
+    """Consecutive programs take the groups of one row tile (reading the rows' K contiguous values between them),
+    else the row tiles of one group."""
 
 
 def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> None:
@@ -279,10 +284,8 @@ def _gated_norm_kernel(
     # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
     # so fused and unfused would round the mean square differently; the pairwise tree does not
     ssq = _pairwise_sum(s * s, BM, GP)
-    if G & (G - 1) == 0:  # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value)
-        var = ssq * (1.0 / G)
-    else:
-        var = tl.math.div_rn(ssq, group_size.to(tl.float32))
+    # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value): no division at a power of two
+    var = ssq * (1.0 / G) if G & (G - 1) == 0 else tl.math.div_rn(ssq, group_size.to(tl.float32))
     n = s * _rsqrt(var + eps, ISA)[:, None]
     if ROUND_NORMALIZED:
         n = n.to(x.dtype).to(tl.float32)
@@ -382,11 +385,12 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
 
 def gated_norm_config(group_size: int) -> GatedNormConfig:
     """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
-    16 codes a thread (one 16-byte code store, half a block a thread). Since the mean square divides by a
-    power of two with a multiply (no division subroutine left to call) it takes 40 registers on sm_90 and
-    sm_100 (44 with swizzled scales and y), and 8% fewer instructions than 8 codes (docs/perf_notes.md, run 16)."""
+    16 codes a thread (one 16-byte code store, half a block a thread; 8% fewer instructions than 8 codes),
+    the load barrier, groups first. 58 registers on sm_90 and sm_100 (the barrier holds z and w across x's
+    reduction; 40 without it). H100, G 128, K 2048 / 4096: 2.16-2.20 µs at M 1 against 2.54-2.59 before, 3-4%
+    faster than row tiles first at M 16384, 87% / 93% of the copy at M 4096 (docs/perf_notes.md, run 16)."""
     _, bm, warps = gated_norm_tile(group_size)
-    return GatedNormConfig(bm, warps, code_vector=16)
+    return GatedNormConfig(bm, warps, code_vector=16, groups_first=True)
 
 
 def gated_norm_launch(
@@ -405,12 +409,10 @@ def gated_norm_launch(
     activation: str = "silu",
     round_normalized: bool = False,
     round_weighted: bool = False,
-    groups_first: bool = False,
     config: GatedNormConfig | None = None,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None).
-    `groups_first`: consecutive programs take the groups of one row tile, else (the default) the row tiles of
-    one group (same bits either way); `config`: the launch shape (default `gated_norm_config(group_size)`)."""
+    `config`: the launch shape (default `gated_norm_config(group_size)`)."""
     swizzled = bool(quant and swizzled)
     outputs, scale_rows = producer_outputs(
         "triton_gated_quant", ("x", x), ("z", z), quant=quant, swizzled=swizzled, emit_y=emit_y
@@ -430,7 +432,7 @@ def gated_norm_launch(
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
     pdl = cfg_n.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
     row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
-    row_axis = 1 if groups_first and row_tiles <= MAX_GRID_Y else 0
+    row_axis = 1 if cfg_n.groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
     cfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, k, x.stride(0) if m > 1 else k,
