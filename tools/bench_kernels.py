@@ -859,13 +859,13 @@ def gated_variants():
         return tg.GateConfig(q.block_rows, q.block_cols, q.num_warps)
 
     def norm_rows(share: int, warps_factor: int = 1, rows: int = 1, **fields):
-        """The default's rows x `rows` / `share` (at least 1), its warps x `warps_factor` (at most 16)."""
+        """The default with its rows x `rows` / `share` (at least 1), its warps x `warps_factor` (at most 16) and
+        `fields` changed."""
 
         def pick(group):
             d = tg.gated_norm_config(group)
-            fields.setdefault("code_vector", d.code_vector)
             bm = max(1, d.block_rows * rows // share)
-            return tg.GatedNormConfig(bm, min(16, d.num_warps * warps_factor), **fields)
+            return d._replace(block_rows=bm, num_warps=min(16, d.num_warps * warps_factor), **fields)
 
         return pick
 
