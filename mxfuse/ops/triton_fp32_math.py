@@ -16,7 +16,7 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
   branch that can never be taken: 5 instructions against 8 for `div.full.f32` and 10 for the
   correctly rounded `div.rn.f32` (its branch to a slow path included).
 
-The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 14 instructions a
+The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 13 instructions a
 value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
 differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
 docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py;
