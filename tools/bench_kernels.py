@@ -42,6 +42,13 @@ against the unfused pair (the producer kernel, then the quant kernel), the produ
 `torch.compile` of the plain PyTorch producer (what vLLM's Inductor generates for it) alone and with the
 plain-PyTorch quant, and the copy; then the fused op (row-major) in the launch shapes of `gated_variants()`
 beside the default's (same bits: tests/test_gpu_gated.py).
+
+The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fused act·mul + MXFP8 of a bf16
+gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
+I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
+against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of vLLM's native form alone
+and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the copy; for SiLU also the
+launch shapes of `act_variants()`.
 """
 
 from __future__ import annotations
@@ -911,6 +918,8 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
 # ----------------------------------------------------------------- act·mul (a section of its own)
 
 ACT_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
+GELU_IS = [21504, 15360, 10240, 5376, 2688]  # Gemma 3 27B / 12B / 4B, the 27B's TP 4 / 8 shards
+ACTIVATIONS = {"silu": ("SiLU", ACT_IS), "gelu_tanh": ("GELU-tanh", GELU_IS)}
 ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant", "copy")
 
@@ -981,21 +990,21 @@ def _dram():
     return dram_bytes_per_s(torch.device("cuda"))
 
 
-def act_mul_point(i, m, compiled, liger, log=print):
-    """µs of act·mul (SiLU, gate_up `[M, 2I]` bf16) at one (I, M): the fused op (both layouts), the
-    unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul kernel),
-    `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
-    SiLU·mul on two contiguous halves alone and followed by the quant, and the fused op (row-major)
-    in each of `act_variants()`'s launch shapes ("v:<name>"); "copy": a device-to-device copy moving the
-    same bytes (half read, half written; the faster of an SM kernel and a memcpy node, as
-    `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
+def act_mul_point(i, m, compiled, liger, log=print, activation="silu"):
+    """µs of act·mul (`activation`: SiLU or GELU-tanh; gate_up `[M, 2I]` bf16) at one (I, M): the fused op
+    (both layouts), the unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul
+    kernel), `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
+    SiLU·mul / GELU·mul (`swiglu` / `geglu`) on two contiguous halves alone and followed by the quant, and
+    (SiLU) the fused op (row-major) in each of `act_variants()`'s launch shapes ("v:<name>"); "copy": a
+    device-to-device copy moving the same bytes (half read, half written; the faster of an SM kernel and a
+    memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
 
     n = n_input_sets(2 * m * 2 * i)
     g = torch.Generator(device="cuda").manual_seed(i + m)
     sets = [(torch.randn(m, 2 * i, device="cuda", dtype=DT, generator=g),) for _ in range(n)]
     halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
-    res = {"I": i, "M": m}
+    res = {"I": i, "M": m, "activation": activation}
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     res["default_cfg"] = list(taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram()))
 
@@ -1007,16 +1016,16 @@ def act_mul_point(i, m, compiled, liger, log=print):
             res[name] = float("nan")
 
     def fused(x, swizzled=False, config=None):
-        return taq.act_mul(x[:, :i], x[:, i:], "silu", swizzled=swizzled, config=config)
+        return taq.act_mul(x[:, :i], x[:, i:], activation, swizzled=swizzled, config=config)
 
     def unfused(x):
-        return tnq.quantize(taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False)[2], False)
+        return tnq.quantize(taq.act_mul(x[:, :i], x[:, i:], activation, quant=False)[2], False)
 
     t("fused", fused, sets)
     t("fused_swz", lambda x: fused(x, True), sets)
     t("unfused", unfused, sets)
-    t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], "silu", quant=False), sets)
-    for name, pick in act_variants().items():
+    t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
+    for name, pick in act_variants().items() if activation == "silu" else ():
         cfg = pick(m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
@@ -1068,32 +1077,49 @@ def act_variant_table(results, copy_tbs):
     return "\n".join(lines)
 
 
-def act_mul_bench(out, copy_tbs, ms, log=print):
-    """The act·mul section: every (I, M) of ACT_IS x `ms`; prints and (with `out`) writes act_mul_bench.md."""
+def _act_peers(activation):
+    """(`torch.compile` of vLLM's native `forward_native`, compiled as vLLM compiles it: dynamic token count;
+    Liger-Kernel's two-tensor op, or None without Liger) of an activation."""
     import torch.nn.functional as F
 
-    def native(x):  # vLLM's SiluAndMul.forward_native, compiled as vLLM compiles it (dynamic token count)
+    def native(x):  # SiluAndMul / GeluAndMul(approximate="tanh").forward_native
         d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
+        a = F.silu(x[..., :d]) if activation == "silu" else F.gelu(x[..., :d], approximate="tanh")
+        return a * x[..., d:]
 
-    compiled = torch.compile(native, dynamic=True)
     try:
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        if activation == "silu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction as Liger
+        else:
+            from liger_kernel.ops.geglu import LigerGELUMulFunction as Liger  # the tanh form
 
         def liger(a, b):
-            return LigerSiLUMulFunction.apply(a, b)
+            return Liger.apply(a, b)
     except ImportError:
         liger = None
-    results = []
-    for i in ACT_IS:
-        for m in ms:
-            r = act_mul_point(i, m, compiled, liger, log)
-            log(json.dumps(r))
-            results.append(r)
-    text = (
-        "### act·mul (SiLU) -> MXFP8, µs per call\n\n" + act_mul_table(results, copy_tbs)
-        + "\n\n### the fused op's launch shapes (row-major, µs per call)\n\n" + act_variant_table(results, copy_tbs)
-    )  # fmt: skip
+    return torch.compile(native, dynamic=True), liger
+
+
+def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS)):
+    """The act·mul section: for each activation, every (I, M) of its sizes (`ACTIVATIONS`) x `ms`; prints and
+    (with `out`) writes act_mul_bench.md / .json."""
+    results, parts = [], []
+    for activation in activations:
+        title, sizes = ACTIVATIONS[activation]
+        compiled, liger = _act_peers(activation)
+        rows = []
+        for i in sizes:
+            for m in ms:
+                r = act_mul_point(i, m, compiled, liger, log, activation)
+                log(json.dumps(r))
+                rows.append(r)
+        parts.append(f"### act·mul ({title}) -> MXFP8, µs per call\n\n" + act_mul_table(rows, copy_tbs))
+        if any(k.startswith("v:") for k in rows[0]):
+            parts.append(
+                "### the fused op's launch shapes (row-major, µs per call)\n\n" + act_variant_table(rows, copy_tbs)
+            )
+        results += rows
+    text = "\n\n".join(parts)
     print(text, flush=True)
     if out:
         os.makedirs(out, exist_ok=True)
@@ -1131,6 +1157,11 @@ def main(argv=None):
         "--act-mul", choices=("also", "only"), default=None, help="the act·mul section (after the norms / alone)"
     )
     ap.add_argument("--act-ms", default=",".join(map(str, ACT_MS)), help="M of the act·mul section")
+    ap.add_argument(
+        "--act-activations",
+        default=",".join(ACTIVATIONS),
+        help=f"activations of the act·mul section ({list(ACTIVATIONS)})",
+    )
     args = ap.parse_args(argv)
     vname = args.variant
     if args.tables:
@@ -1149,6 +1180,9 @@ def main(argv=None):
     unknown = [v for v in [*variants, vname] if v != DEFAULT and v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    acts = tuple(a for a in args.act_activations.split(",") if a)
+    if any(a not in ACTIVATIONS for a in acts):
+        ap.error(f"--act-activations {args.act_activations!r}: known {list(ACTIVATIONS)}")
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU")
         return 1
@@ -1167,7 +1201,7 @@ def main(argv=None):
             return 0
 
     if args.act_mul == "only":
-        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
+        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts)
         return 0
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
     include = flashinfer_include(args.flashinfer_include)
@@ -1196,7 +1230,7 @@ def main(argv=None):
         save(args.out, data, vname)
 
     if args.act_mul == "also":
-        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")])
+        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts)
     if args.gemm:  # hook: GEMM rows are produced by tools/bench_gemm.py
         try:
             import bench_gemm
