@@ -1,8 +1,9 @@
 """The producers' written-out fp32 arithmetic is still the library's, as the Triton installed here compiles it.
 
-mxfuse/ops/triton_fp32_math.py writes out two pieces of NVIDIA code so that the kernels issue fewer
-instructions with the same bits: libdevice's `__nv_expf` (its saturate folded into the first FMA) and
-`div.full.f32`, Triton's `/`, for a divisor >= 1 (without its subnormal-divisor branch). The GPU tests
+mxfuse/ops/triton_fp32_math.py writes out three pieces of NVIDIA code so that the kernels issue fewer
+instructions with the same bits: libdevice's `__nv_expf` (its saturate folded into the first FMA),
+`div.full.f32`, Triton's `/`, for a divisor >= 1 (without its subnormal-divisor branch), and libdevice's
+`__nv_tanhf` (both sides of its branch computed, one selected). The GPU tests
 (tests/test_gpu_fp32_math.py) prove the bits on the device they run on; these tests, on a CPU, compile
 both the library's code and ours for sm_90 and sm_100 and fail if a Triton / libdevice / ptxas update
 changed the library's side (a constant, an instruction, a threshold), so the copy cannot go stale unseen.
@@ -22,7 +23,7 @@ tl = pytest.importorskip("triton.language")
 
 from triton.language.extra import libdevice  # noqa: E402
 
-from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32  # noqa: E402
+from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, tanh_f32  # noqa: E402
 
 ARCHS = (90, 100)
 
@@ -49,6 +50,18 @@ def _tritons_division(x_ptr, d_ptr, y_ptr):
 def _our_division(x_ptr, d_ptr, y_ptr):
     offs = tl.arange(0, 128)
     tl.store(y_ptr + offs, div_ge1(tl.load(x_ptr + offs), tl.load(d_ptr + offs), "ptx"))
+
+
+@triton.jit
+def _libdevice_tanh(x_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, libdevice.tanh(tl.load(x_ptr + offs)))
+
+
+@triton.jit
+def _our_tanh(x_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    tl.store(y_ptr + offs, tanh_f32(tl.load(x_ptr + offs), "ptx"))
 
 
 def compile_for(kernel, n_pointers: int, arch: int):
@@ -126,3 +139,24 @@ def test_div_ge1_is_div_full_without_its_subnormal_branch(arch):
     got = shape(ours)
     assert got[0] in ("FSETP.GT.AND P, PT, R, 8.50705917302346158658e+37, PT", expected_theirs[0]), got  # d >= 1
     assert got[1:] == ["@P FMUL R, R, 0.25", "@P FMUL R, R, 0.25", "MUFU.RCP R, R", "FMUL R, R, R"], got
+
+
+def tanh_ops(ptx: str) -> list[str]:
+    """The opcodes of `__nv_tanhf`'s computing PTX instructions, in order (`selp.b32` spelled `selp.f32`)."""
+    ops = (re.match(r"\s*(?:@%p\d+\s+)?([a-z][\w.]*)\s+.*;", line) for line in ptx.splitlines())
+    keep = r"(abs|setp|mul\.rn|fma|ex2|add\.rn|rcp|selp|and\.b32|or\.b32)"
+    return [m[1].replace("selp.b32", "selp.f32") for m in ops if m and re.match(keep, m[1])]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tanh_f32_is_libdevices_tanhf_without_its_branch(arch):
+    theirs = compile_for(_libdevice_tanh, 2, arch).asm["ptx"]
+    ours = compile_for(_our_tanh, 2, arch).asm["ptx"]
+    constants = set(re.findall(r"0f[0-9A-F]{8}", theirs))
+    assert constants == set(re.findall(r"0f[0-9A-F]{8}", ours)), "libdevice's tanhf constants changed"
+    polynomial = ["mul.rn.f32", *["fma.rn.ftz.f32"] * 5]  # |x| < 0.6: x + x^3 p(x^2)
+    exponential = ["mul.rn.f32", "ex2.approx.ftz.f32", "add.rn.f32", "rcp.approx.ftz.f32", "fma.rn.ftz.f32"]
+    sign = ["setp.ge.f32", "selp.f32", "and.b32", "or.b32"]  # 1 from |x| >= 9.0109, x's sign
+    expected = ["and.b32", "abs.ftz.f32", "setp.ltu.f32", *polynomial, *exponential, *sign]  # and.b32: addressing
+    assert tanh_ops(theirs) == expected, "libdevice's tanhf compiles to other instructions now"
+    assert tanh_ops(ours) == [*expected, "selp.f32"]  # the branch, as a select

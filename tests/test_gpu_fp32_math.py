@@ -1,8 +1,8 @@
 """GPU tests of the producers' fp32 arithmetic (mxfuse/ops/triton_fp32_math.py), NVIDIA only.
 
 - `exp_f32` ("ptx": libdevice's `__nv_expf` written out, its saturate folded into an FMA) returns
-  libdevice's bits on EVERY fp32 input (2**32 of them; NaN for NaN), and `exp_neg_f32(v)` those of
-  `exp(-v)` (the negation folded into the constants);
+  libdevice's bits on EVERY fp32 input (2**32 of them; NaN for NaN), `exp_neg_f32(v)` those of
+  `exp(-v)` (the negation folded into the constants), and `tanh_f32` (branch-free) libdevice's `tanh`;
 - `div_ge1` (`div.full.f32` for a divisor >= 1, its branch-free part) returns the bits of Triton's `/`
   for random numerators and divisors over [1, inf], NaN, the 2**126 edge where `div.full` rescales,
   and every bf16 numerator;
@@ -22,7 +22,7 @@ from gpu_helpers import DEVICE, gpu_test
 from test_act_mul_ops import every_value
 from triton.language.extra import libdevice
 
-from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, exp_neg_f32, silu_f32
+from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, exp_neg_f32, silu_f32, tanh_f32
 from mxfuse.testing import assert_same_values
 
 pytestmark = pytest.mark.skipif(torch.version.hip is not None, reason="the 'ptx' arithmetic is NVIDIA's")
@@ -37,15 +37,18 @@ def _same_bits(a, b):
 
 
 @triton.jit
-def _exp_mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
-    """count_ptr[0]: inputs where `exp_f32` is not libdevice's `exp`; count_ptr[1]: where `exp_neg_f32(v)` is not
-    libdevice's `exp(-v)` (Triton's `-v`: `0 - v`, what the SiLU and sigmoid computed before)."""
+def _mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
+    """count_ptr[0]: inputs where `exp_f32` is not libdevice's `exp`; [1]: where `exp_neg_f32(v)` is not
+    libdevice's `exp(-v)` (Triton's `-v`: `0 - v`, what the SiLU and sigmoid computed before); [2]: where
+    `tanh_f32` is not libdevice's `tanh`."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     v = (first_bits + offs).to(tl.uint32).to(tl.int32, bitcast=True).to(tl.float32, bitcast=True)
     live = offs < n
     tl.atomic_add(count_ptr, tl.sum(tl.where(live & ~_same_bits(exp_f32(v, "ptx"), libdevice.exp(v)), 1, 0), axis=0))
     neg_same = _same_bits(exp_neg_f32(v, "ptx"), libdevice.exp(-v))
     tl.atomic_add(count_ptr + 1, tl.sum(tl.where(live & ~neg_same, 1, 0), axis=0))
+    tanh_same = _same_bits(tanh_f32(v, "ptx"), libdevice.tanh(v))
+    tl.atomic_add(count_ptr + 2, tl.sum(tl.where(live & ~tanh_same, 1, 0), axis=0))
 
 
 @triton.jit
@@ -70,13 +73,14 @@ def every_bf16_as_fp32() -> torch.Tensor:
 
 
 @gpu_test
-def test_exp_f32_and_exp_neg_f32_are_libdevice_on_every_fp32_input():
-    count = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+def test_exp_neg_and_tanh_f32_are_libdevice_on_every_fp32_input():
+    count = torch.zeros(3, dtype=torch.int32, device=DEVICE)
     for first in range(0, 1 << 32, CHUNK):
-        _exp_mismatches[(CHUNK // BLOCK,)](count, first, CHUNK, BLOCK=BLOCK)
-    plain, negated = count.tolist()
+        _mismatches[(CHUNK // BLOCK,)](count, first, CHUNK, BLOCK=BLOCK)
+    plain, negated, tanh = count.tolist()
     assert plain == 0, f"exp_f32 differs from libdevice.exp on {plain} fp32 inputs"
     assert negated == 0, f"exp_neg_f32(v) differs from libdevice.exp(-v) on {negated} fp32 inputs"
+    assert tanh == 0, f"tanh_f32 differs from libdevice.tanh on {tanh} fp32 inputs"
 
 
 def divisors(n: int, g: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,8 @@ is the standalone quant's (elementwise but for the block amax, whose `max` is or
 Arithmetic (fp32, no FMA contraction: launched with ``enable_fp_fusion=False``):
 
 - Inductor's fp32 arithmetic (:mod:`mxfuse.ops.triton_fp32_math`): ``exp`` libdevice's
-  (``__nv_expf``, written out in one instruction fewer; OCML's on AMD), ``tanh`` libdevice's;
+  (``__nv_expf``, written out in one instruction fewer; OCML's on AMD), ``tanh`` libdevice's (``__nv_tanhf``
+  written out without its branch: the same bits);
   SiLU ``x / (1 + exp(-x))`` and the sigmoid ``1 / (1 + exp(-x))`` with Triton's ``/``
   (``div.full.f32`` on NVIDIA, its branch-free part), as Inductor compiles vLLM's native graph;
 - GELU-tanh is torch's formula with torch's constants,
@@ -90,10 +91,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from mxfuse.ops.reference import QuantRule
-from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32
+from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, silu_f32, tanh_f32
 from mxfuse.ops.triton_mx_quant import (
     CODE_VECTORS,
     COLUMN_TILE,
@@ -247,15 +247,6 @@ def _round(v, DTYPE: tl.constexpr, ON: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x, MATH: tl.constexpr):
-    """fp32 `tanh`: libdevice's (torch's CUDA `tanhf` and Inductor's); a formula in Triton's CPU interpreter."""
-    if MATH == "interpreter":
-        return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
-    else:
-        return libdevice.tanh(x)
-
-
-@triton.jit
 def _widen(v, WIDEN: tl.constexpr):
     """bf16 -> fp32 (exact): WIDEN "shift" (NVIDIA only: the launch sets it there) moves the bits
     (`bf16_bits_to_f32`); "cvt" is `.to(float32)`."""
@@ -297,7 +288,7 @@ def _act_mul_tile(
         a = _round(silu_f32(g, MATH), DTYPE, ROUND)
     elif ACT == 1:  # gelu_tanh
         inner = GELU_BETA * (g + GELU_KAPPA * (g * g * g))
-        a = _round((0.5 * g) * (1.0 + _tanh(inner, MATH)), DTYPE, ROUND)
+        a = _round((0.5 * g) * (1.0 + tanh_f32(inner, MATH)), DTYPE, ROUND)
     elif ACT == 2:  # swiglu_step
         a = _round(silu_f32(g, MATH), DTYPE, ROUND)
         a = _round(tl.minimum(a, limit, propagate_nan=tl.PropagateNan.ALL), DTYPE, ROUND)

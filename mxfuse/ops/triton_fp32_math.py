@@ -11,6 +11,8 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
   `fma.rn.ftz.sat.f32` (the same value by the PTX definition of `.sat`): 8 instructions, not 9;
   :func:`exp_neg_f32` is `exp_f32(-x)` with the negation in its constants (the SiLU's and sigmoid's
   `exp(-x)`: Triton's `-x` is an FADD of its own);
+- :func:`tanh_f32` is libdevice's `__nv_tanhf` with both sides of its branch computed and one selected
+  (GELU-tanh: the branch ran a thread's values one path after the other, with no overlap between them);
 - :func:`div_ge1` is `div.full.f32` for a divisor `d >= 1` or NaN (every `1 + exp(-x)`): the
   operands scaled by 1/4 when `d > 2**126`, then `x * rcp.approx(d)`, without the subnormal-divisor
   branch that can never be taken: 5 instructions against 8 for `div.full.f32` and 10 for the
@@ -47,7 +49,7 @@ from mxfuse.ops.triton_targets import Isa
 
 Math = Literal["ptx", "portable", "interpreter"]
 
-__all__ = ["Math", "div_ge1", "exp_f32", "exp_neg_f32", "math_of", "sigmoid_f32", "silu_f32"]
+__all__ = ["Math", "div_ge1", "exp_f32", "exp_neg_f32", "math_of", "sigmoid_f32", "silu_f32", "tanh_f32"]
 
 
 def math_of(device: torch.device, isa: Isa) -> Math:
@@ -102,6 +104,47 @@ def exp_neg_f32(v, MATH: tl.constexpr):
         return libdevice.exp(-v)
     else:
         return tl.exp(-v)
+
+
+TANHF_PTX = tl.constexpr(
+    """{
+    .reg .f32 a, x2, t, p, e, q, r;
+    .reg .pred small, big;
+    .reg .b32 sign;
+    abs.ftz.f32 a, $1;
+    setp.ltu.f32 small, a, 0f3F19999A;
+    mul.rn.f32 x2, $1, $1;
+    fma.rn.ftz.f32 t, 0f3C80F082, x2, 0fBD563CAE;
+    fma.rn.ftz.f32 t, t, x2, 0f3E085941;
+    fma.rn.ftz.f32 t, t, x2, 0fBEAAA9ED;
+    fma.rn.ftz.f32 t, t, x2, 0f00000000;
+    fma.rn.ftz.f32 p, t, $1, $1;
+    mul.rn.f32 e, a, 0f4038AA3B;
+    ex2.approx.ftz.f32 e, e;
+    add.rn.f32 e, e, 0f3F800000;
+    rcp.approx.ftz.f32 q, e;
+    fma.rn.ftz.f32 r, q, 0fC0000000, 0f3F800000;
+    setp.ge.f32 big, a, 0f41102CB4;
+    selp.f32 r, 0f3F800000, r, big;
+    and.b32 sign, $1, 0x80000000;
+    or.b32 r, sign, r;
+    selp.f32 $0, p, r, small;
+    }"""
+)
+"""libdevice's `__nv_tanhf` without its branch: |x| < 0.6 (or NaN) takes the odd polynomial, else
+`1 - 2 / (2**(2|x| log2 e) + 1)` (1 from |x| >= 9.0109) with x's sign; both computed, one selected."""
+
+
+@triton.jit
+def tanh_f32(v, MATH: tl.constexpr):
+    """fp32 `tanh(v)`: libdevice's `tanhf` bits on NVIDIA, branch-free (its branch splits a thread's values into
+    paths that run one after another; both paths cost ~20 instructions, the branch's bookkeeping aside)."""
+    if MATH == "ptx":
+        return tl.inline_asm_elementwise(TANHF_PTX, "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
+    elif MATH == "portable":
+        return libdevice.tanh(v)
+    else:
+        return 2.0 / (1.0 + tl.exp(-2.0 * v)) - 1.0
 
 
 @triton.jit
