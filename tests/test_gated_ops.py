@@ -339,8 +339,11 @@ def test_launch_shape_defaults_and_checks():
         default = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx")[1]
         same = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx", config=tg.gate_config(k, m))[1]
         assert (default.grid, default.constexprs, default.num_warps) == (same.grid, same.constexprs, same.num_warps)
-    assert tg.gated_norm_config(128) == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:], 16)
-    assert tg.gated_norm_config(128)[:3] == (32, 8, 16)
+    default = tg.gated_norm_config(128)
+    assert default == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:], 16, groups_first=True)
+    assert (default.block_rows, default.num_warps, default.code_vector, default.load_fence) == (32, 8, 16, True)
+    la = tg.gated_norm_launch(meta(300, 2048), meta(300, 2048), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]
+    assert la.grid == (16, 10) and la.constexprs["ROW_AXIS"] == 1 and la.constexprs["LOAD_FENCE"]  # groups first
     cfg = tg.GateConfig(2, 512, 4, 8, 32)
     for isa, regs in (("ptx", 32), ("portable", 0)):
         la = tg.gate_launch(meta(300, 2048), meta(300, 2048), quant=True, isa=isa, config=cfg)[1]
