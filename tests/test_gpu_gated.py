@@ -23,9 +23,11 @@ Runs without vLLM (the GPU image has none). Marked `gpu`, skipped without CUDA.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
-import triton
 from gpu_helpers import DEVICE, gpu_test, kparams, special_rows
 
 import mxfuse.ops  # noqa: F401  (registers torch.ops.mxfuse)
@@ -154,25 +156,30 @@ def test_gated_norm_grid_order_computes_the_same_bits(k, group, swizzled):
 # ---------------------------------------------------------------- launch shapes
 
 
+def bench_variants():
+    """tools/bench_kernels.py's `gated_variants()`: the launch shapes the benchmark times, so each is checked here."""
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    from bench_kernels import gated_variants
+
+    return gated_variants()
+
+
 def gate_shapes(k: int) -> set:
-    """The gate's default tiles (M 1 and 4096, on this GPU's memory and on a slower one), the quant kernel's
-    tile (16 values a thread) and the benchmark's candidates: 8 values a thread on 8 and 16 warps, 32 on 4
-    warps (fewer rows and warps at M 1), 16 a thread on 4 warps; at M 4096 also 8 codes a thread, a 32-register
-    cap and half the columns."""
-    from mxfuse.ops.norm_quant_config import quant_config
-    from mxfuse.ops.triton_gated_quant import GateConfig, gate_config
+    """The gate's default tiles (M 1 and 4096, on this GPU's memory and on a slower one), the benchmark's
+    candidates at both M (`gated_variants`), and at M 4096 also 8 codes a thread, a 32-register cap and half
+    the columns."""
+    from mxfuse.ops.triton_gated_quant import gate_config
     from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
 
     sms, dram = sm_count(torch.device(DEVICE)), dram_bytes_per_s(torch.device(DEVICE))
+    gate_variants, _ = bench_variants()
     out = set()
     for m in (1, 4096):
-        q = quant_config(k, m)
-        out |= {gate_config(k, m, sms, 1e9), GateConfig(q.block_rows, q.block_cols, q.num_warps)}
-        d = gate_config(k, m, sms, dram)
-        out.add(d)
-        for values, warps in ((8, 8), (8, 16), (32, 4), (16, 4)):  # bench_kernels.gated_variants' gate_tile
-            bm = max(1, min(triton.next_power_of_2(m), values * 32 * warps // d.block_cols))
-            out.add(d._replace(block_rows=bm, num_warps=max(1, min(warps, bm * d.block_cols // (32 * values)))))
+        out |= {gate_config(k, m, sms, 1e9), gate_config(k, m, sms, dram)}
+        out |= {pick(k, m) for pick in gate_variants.values()}
+    d = gate_config(k, 4096, sms, dram)
     out |= {d._replace(code_vector=8), d._replace(max_registers=32)}
     if d.block_cols >= 256:  # GateConfig: at least 128 columns
         out.add(d._replace(block_cols=d.block_cols // 2, num_warps=max(1, d.num_warps // 2)))
@@ -180,17 +187,17 @@ def gate_shapes(k: int) -> set:
 
 
 def norm_shapes(group: int) -> set:
-    """The gated norm's default (a function of G: 16 codes a thread) and the benchmark's candidates (8 codes a
-    thread; no load barrier; half the rows, 8 values a thread; twice the rows, 32 a thread), twice the warps, and
-    a quarter of the rows on half the warps."""
+    """The gated norm's default (a function of G) and the benchmark's candidates (`gated_variants`), its other
+    grid order, twice the warps, a quarter of the rows on half the warps, and twice the rows (32 values a
+    thread)."""
     from mxfuse.ops.triton_gated_quant import gated_norm_config
 
+    _, norm_variants = bench_variants()
     d = gated_norm_config(group)
-    half = max(1, d.block_rows // 2)
-    return {d, d._replace(code_vector=8), d._replace(load_fence=False), d._replace(block_rows=half, code_vector=8),
-            d._replace(num_warps=min(16, 2 * d.num_warps), code_vector=8),
-            d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2)),
-            d._replace(block_rows=2 * d.block_rows)}  # fmt: skip
+    out = {d, d._replace(groups_first=not d.groups_first), d._replace(block_rows=2 * d.block_rows)}
+    out |= {d._replace(num_warps=min(16, 2 * d.num_warps), code_vector=8)}
+    out |= {d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2))}
+    return out | {pick(group) for pick in norm_variants.values()}
 
 
 @gpu_test
