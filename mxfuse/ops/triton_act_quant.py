@@ -113,7 +113,7 @@ from mxfuse.ops.triton_targets import (
     device_isa,
     dram_bytes_per_s as device_dram_bytes_per_s,
     l2_bytes as device_l2_bytes,
-    pdl_allowed,
+    launch_hints,
     pdl_enter,
     sm_count as device_sm_count,
 )
@@ -412,7 +412,7 @@ def act_mul_launch(
     )
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
-    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
+    hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
     n_tiles = triton.cdiv(m, cfg.block_rows)
     n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
     row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
@@ -435,11 +435,10 @@ def act_mul_launch(
         MX=spec,
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
-        PDL=pdl,
+        PDL=hints.pdl,
     )
-    max_registers = cfg.max_registers if isa == "ptx" else 0
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
-                                 pdl=pdl, max_registers=max_registers)  # fmt: skip
+                                 pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
 
 
 def act_mul(

@@ -80,7 +80,7 @@ from mxfuse.ops.triton_targets import (
     KernelLaunch,
     device_isa,
     dram_bytes_per_s,
-    pdl_allowed,
+    launch_hints,
     pdl_enter,
     sm_count,
 )
@@ -341,7 +341,7 @@ def gate_launch(
     qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
     cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
-    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
+    hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
@@ -356,11 +356,10 @@ def gate_launch(
         BC=cfg.block_cols,
         MX=spec,
         MATH=math_of(x.device, isa),
-        PDL=pdl,
+        PDL=hints.pdl,
     )
-    max_registers = cfg.max_registers if isa == "ptx" else 0
-    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False, pdl=pdl,
-                                 max_registers=max_registers)  # fmt: skip
+    return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
+                                 pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
 
 
 def _paired(quant_ops: str) -> str:
@@ -430,7 +429,7 @@ def gated_norm_launch(
     cfg_n = config or gated_norm_config(group_size)
     _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
-    pdl = cfg_n.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
+    hints = launch_hints(isa, cfg_n.pdl, cfg_n.max_registers)
     row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
     row_axis = 1 if cfg_n.groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
@@ -453,11 +452,10 @@ def gated_norm_launch(
         MX=spec,
         MATH=math_of(x.device, isa),
         LOAD_FENCE=bool(cfg_n.load_fence),
-        PDL=pdl,
+        PDL=hints.pdl,
     )
-    max_registers = cfg_n.max_registers if isa == "ptx" else 0
-    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False, pdl=pdl,
-                                 max_registers=max_registers)  # fmt: skip
+    return outputs, KernelLaunch(_gated_norm_kernel, grid, args, constexprs, warps, fp_fusion=False,
+                                 pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
 
 
 def _run(outputs: tuple, launch: KernelLaunch | None) -> tuple:

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from mxfuse.ops.mx_layout import BLOCK, scale_columns
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, pdl_enter
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, launch_hints, pdl_allowed, pdl_enter
 
 SCALE_WORD_K = 4 * BLOCK
 """K values covered by one int32 word of 4 scale bytes: K is padded to a multiple of it."""
@@ -364,7 +364,7 @@ def mxfp8_linear(
     codes, scales, weight_codes, weight_scales = prepare_operands(codes, scales, weight_codes, weight_scales)
     k = codes.shape[1]
     cfg = config or gemm_config(m, n, k, isa)
-    cfg = cfg._replace(pdl=cfg.pdl and pdl_allowed(isa))  # a launch hint: off NVIDIA the kernels launch plainly
+    cfg = cfg._replace(pdl=launch_hints(isa, cfg.pdl).pdl)
     cfg = cfg._replace(block_k=max(128, pow2_divisor(k, cfg.block_k)))
     chunk = cfg.chunk or chunk_k(k)
     assert chunk % cfg.block_k == 0, (chunk, cfg.block_k)

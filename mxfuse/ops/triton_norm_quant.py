@@ -141,7 +141,7 @@ from mxfuse.ops.triton_mx_quant import (
     swizzle_scales,
 )
 from mxfuse.ops.triton_norm_prologue import NormIo, NormSpec, _load_weight, _norm_rows, _normalize
-from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, pdl_allowed, pdl_enter, sm_count
+from mxfuse.ops.triton_targets import Isa, KernelLaunch, device_isa, launch_hints, pdl_enter, sm_count
 
 __all__ = [
     "fused_norm_quant",
@@ -277,7 +277,7 @@ def norm_launch(
         return outputs, None
     cfg = config or norm_config(k, m, plain_quant=bool(quant and not has_res), isa=isa, sms=sm_count(dev))
     ch, nch = row_chunks(k, cfg.chunk_cols)
-    pdl = cfg.pdl and pdl_allowed(isa)  # a launch hint: off NVIDIA the same kernel launches plainly
+    pdl = launch_hints(isa, cfg.pdl).pdl
     split = max(1, cfg.split)
     pad_fill = swizzled and cfg.scale_padding == "fill"
     n_tiles = triton.cdiv(m if pad_fill else scale_rows, cfg.block_rows)

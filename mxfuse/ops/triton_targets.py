@@ -18,7 +18,8 @@ and the kernel runs `griddepcontrol.wait` before it reads what an earlier kernel
 `griddepcontrol.launch_dependents` to let the next one start (`gdc_wait` /
 `gdc_launch_dependents` of `triton.language.extra.cuda`, sm_90 on). Triton's AMD backend
 has no equivalent (no launch attribute, no instruction), so a "portable" launch drops the
-hint and runs the same kernel plainly (:func:`pdl_allowed`; the bits are the same either way).
+hint and runs the same kernel plainly (:func:`launch_hints`, which drops the register cap there too; the bits
+are the same either way).
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def dram_bytes_per_s(dev: torch.device) -> float:
 def pdl_allowed(isa: Isa) -> bool:
     """Whether kernels of this ISA may be launched with programmatic dependent launch (NVIDIA only)."""
     return isa == "ptx"
+
+
+class LaunchHints(NamedTuple):
+    """A config's NVIDIA-only launch hints, as a launch for one ISA takes them."""
+
+    pdl: bool
+    """Programmatic dependent launch (the kernel's `PDL` constexpr and `KernelLaunch.pdl`)."""
+    max_registers: int
+    """`KernelLaunch.max_registers` (0: ptxas's choice)."""
+
+
+def launch_hints(isa: Isa, pdl: bool, max_registers: int = 0) -> LaunchHints:
+    """`pdl` and `max_registers` on NVIDIA; both off elsewhere, where the same kernel launches plainly (a config
+    means the same launch on every GPU, its NVIDIA hints aside)."""
+    nvidia = pdl_allowed(isa)
+    return LaunchHints(bool(pdl) and nvidia, max_registers if nvidia else 0)
 
 
 @triton.jit
