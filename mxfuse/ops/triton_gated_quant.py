@@ -273,7 +273,7 @@ def _gated_norm_kernel(
     w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
     if LOAD_FENCE:
         # ptxas otherwise issues z's loads after x's sum of squares, which waits for x: two memory round trips in
-        # a row, up to 0.9 µs more a program on an H100 (docs/perf_notes.md, run 16); the barrier keeps them ahead
+        # a row, 0.3-0.5 µs more at decode sizes on an H100 (docs/perf_notes.md, run 16); the barrier keeps them ahead
         tl.debug_barrier()
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
