@@ -731,9 +731,10 @@ def save(out, data, vname):
 
 # ------------------------------------------------------------------ the gated producers (issue 30)
 
-GATED_KS = [4096, 2048]
-"""Rows of the gated producers: Qwen3-Next-80B's o_proj / out_proj input (16 heads of 256; 32 value heads of
-128) and a TP-2 shard."""
+GATED_KS = [8192, 6144, 4096, 2048, 1024, 512]
+"""Rows of the gated producers (o_proj / out_proj inputs): 64, 48 and 32 value heads of 128 (32 is Qwen3-Next-80B,
+whose gated attention is 16 heads of 256: 4096 too; 48 is the Qwen3.5 configuration's default), and the shards of
+4096 / 8192 down to TP 8 (512 / 1024)."""
 GATED_GROUP = 128  # the GDN value head dim
 
 
@@ -990,12 +991,13 @@ def _dram():
     return dram_bytes_per_s(torch.device("cuda"))
 
 
-def act_mul_point(i, m, compiled, liger, log=print, activation="silu"):
+def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=None):
     """µs of act·mul (`activation`: SiLU or GELU-tanh; gate_up `[M, 2I]` bf16) at one (I, M): the fused op
     (both layouts), the unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul
     kernel), `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul / GELU·mul (`swiglu` / `geglu`) on two contiguous halves alone and followed by the quant, and
-    (SiLU) the fused op (row-major) in each of `act_variants()`'s launch shapes ("v:<name>"); "copy": a
+    (SiLU) the fused op (row-major) in `act_variants()`'s launch shapes ("v:<name>"; `variants`: those names
+    only, None: all); "copy": a
     device-to-device copy moving the same bytes (half read, half written; the faster of an SM kernel and a
     memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
@@ -1026,6 +1028,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu"):
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
     for name, pick in act_variants().items() if activation == "silu" else ():
+        if variants is not None and name not in variants:
+            continue
         cfg = pick(m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
@@ -1100,9 +1104,9 @@ def _act_peers(activation):
     return torch.compile(native, dynamic=True), liger
 
 
-def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS)):
+def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS), variants=None):
     """The act·mul section: for each activation, every (I, M) of its sizes (`ACTIVATIONS`) x `ms`; prints and
-    (with `out`) writes act_mul_bench.md / .json."""
+    (with `out`) writes act_mul_bench.md / .json. `variants`: the SiLU launch shapes timed (None: all)."""
     results, parts = [], []
     for activation in activations:
         title, sizes = ACTIVATIONS[activation]
@@ -1110,7 +1114,7 @@ def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS)):
         rows = []
         for i in sizes:
             for m in ms:
-                r = act_mul_point(i, m, compiled, liger, log, activation)
+                r = act_mul_point(i, m, compiled, liger, log, activation, variants)
                 log(json.dumps(r))
                 rows.append(r)
         parts.append(f"### act·mul ({title}) -> MXFP8, µs per call\n\n" + act_mul_table(rows, copy_tbs))
@@ -1162,6 +1166,9 @@ def main(argv=None):
         default=",".join(ACTIVATIONS),
         help=f"activations of the act·mul section ({list(ACTIVATIONS)})",
     )
+    ap.add_argument(
+        "--act-variants", default=None, help="the SiLU launch shapes timed beside the default (act_variants names)"
+    )
     args = ap.parse_args(argv)
     vname = args.variant
     if args.tables:
@@ -1183,6 +1190,9 @@ def main(argv=None):
     acts = tuple(a for a in args.act_activations.split(",") if a)
     if any(a not in ACTIVATIONS for a in acts):
         ap.error(f"--act-activations {args.act_activations!r}: known {list(ACTIVATIONS)}")
+    act_shapes = None if args.act_variants is None else [v for v in args.act_variants.split(",") if v]
+    if act_shapes is not None and any(v not in act_variants() for v in act_shapes):
+        ap.error(f"--act-variants {args.act_variants!r}: known {list(act_variants())}")
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU")
         return 1
@@ -1201,7 +1211,9 @@ def main(argv=None):
             return 0
 
     if args.act_mul == "only":
-        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts)
+        act_mul_bench(
+            args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts, variants=act_shapes
+        )
         return 0
     compiled = None if args.no_compiled else {"add": torch.compile(_ref_add), "plain": torch.compile(_ref_plain)}
     include = flashinfer_include(args.flashinfer_include)
@@ -1230,7 +1242,9 @@ def main(argv=None):
         save(args.out, data, vname)
 
     if args.act_mul == "also":
-        act_mul_bench(args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts)
+        act_mul_bench(
+            args.out, copy_tbs, [int(v) for v in args.act_ms.split(",")], activations=acts, variants=act_shapes
+        )
     if args.gemm:  # hook: GEMM rows are produced by tools/bench_gemm.py
         try:
             import bench_gemm
