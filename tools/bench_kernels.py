@@ -974,6 +974,8 @@ def act_variants():
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
         "rows": changed(with_device(), cols_first=False),
         "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
+        "pair": changed(with_device(), pair_loads=True),  # a row's gate / up loads issued together
+        "pair-regs32": changed(with_device(), pair_loads=True, max_registers=32),
         "w1c512": one_warp_row(512),
         "w1c256": one_warp_row(256),
     }
