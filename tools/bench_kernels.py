@@ -976,6 +976,7 @@ def act_variants():
         "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
         "pair": changed(with_device(), pair_loads=True),  # a row's gate / up loads issued together
         "pair-regs32": changed(with_device(), pair_loads=True, max_registers=32),
+        "mem-fast-pair": changed(with_device(dram_bytes_per_s=1e15), pair_loads=True),  # 16 a thread, paired
         "w1c512": one_warp_row(512),
         "w1c256": one_warp_row(256),
     }
