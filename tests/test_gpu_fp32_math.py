@@ -3,11 +3,13 @@
 - `exp_f32` ("ptx": libdevice's `__nv_expf` written out, its saturate folded into an FMA) returns
   libdevice's bits on EVERY fp32 input (2**32 of them; NaN for NaN), `exp_neg_f32(v)` those of
   `exp(-v)` (the negation folded into the constants), and `tanh_f32` (branch-free) libdevice's `tanh`;
-- `div_ge1` (`div.full.f32` for a divisor >= 1, its branch-free part) returns the bits of Triton's `/`
-  for random numerators and divisors over [1, inf], NaN, the 2**126 edge where `div.full` rescales,
-  and every bf16 numerator;
-- `silu_f32` of every bf16 value is what Inductor computes for `F.silu` of fp32 (torch.compile,
-  default options: `libdevice.exp`, Triton's `/`), bit for bit.
+- `div_one_plus(n, e)` (`div.full.f32`'s scaled path at every divisor) returns the bits of Triton's
+  `n / (1 + e)`: for the SiLU's `n = x, e = exp(-x)` on every fp32 x whose quarter is exact (all but those
+  below 2**-124 in magnitude: the function's condition) and the sigmoid's `n = 1` on every fp32 x; and for
+  random bf16 / fp16 numerators against random `e >= 0` of every exponent, inf, NaN and the 2**126 edge where
+  `div.full` rescales;
+- `silu_f32` of every bf16 and every fp16 value is what Inductor computes for `F.silu` of fp32
+  (torch.compile, default options: `libdevice.exp`, Triton's `/`), bit for bit.
 
 Marked `gpu`, skipped without CUDA or on ROCm ("portable" is Triton's own code there).
 """
@@ -22,7 +24,7 @@ from gpu_helpers import DEVICE, gpu_test
 from test_act_mul_ops import every_value
 from triton.language.extra import libdevice
 
-from mxfuse.ops.triton_fp32_math import div_ge1, exp_f32, exp_neg_f32, silu_f32, tanh_f32
+from mxfuse.ops.triton_fp32_math import div_one_plus, exp_f32, exp_neg_f32, silu_f32, tanh_f32
 from mxfuse.testing import assert_same_values
 
 pytestmark = pytest.mark.skipif(torch.version.hip is not None, reason="the 'ptx' arithmetic is NVIDIA's")
@@ -53,13 +55,31 @@ def _mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _div_pair(x_ptr, d_ptr, ours_ptr, triton_ptr, n, BLOCK: tl.constexpr):
+def _div_pair(x_ptr, e_ptr, ours_ptr, triton_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=1.0)
-    d = tl.load(d_ptr + offs, mask=mask, other=1.0)
-    tl.store(ours_ptr + offs, div_ge1(x, d, "ptx"), mask=mask)
-    tl.store(triton_ptr + offs, x / d, mask=mask)
+    e = tl.load(e_ptr + offs, mask=mask, other=0.0)
+    tl.store(ours_ptr + offs, div_one_plus(x, e, "ptx"), mask=mask)
+    tl.store(triton_ptr + offs, x / (1.0 + e), mask=mask)
+
+
+@triton.jit
+def _division_mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
+    """count_ptr[0]: fp32 x with an exact quarter (|x| >= 2**-124, or 0) where `div_one_plus(x, exp(-x))` is not
+    Triton's `x / (1 + exp(-x))` (the SiLU); [1]: x where `div_one_plus(1, exp(-x))` is not `1 / (1 + exp(-x))`
+    (the sigmoid)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    bits = (first_bits + offs).to(tl.uint32)
+    x = bits.to(tl.int32, bitcast=True).to(tl.float32, bitcast=True)
+    live = offs < n
+    quarter_exact = (((bits >> 23) & 0xFF) >= 3) | ((bits & 0x7FFFFFFF) == 0)
+    e = exp_neg_f32(x, "ptx")
+    silu_same = _same_bits(div_one_plus(x, e, "ptx"), x / (1.0 + e))
+    tl.atomic_add(count_ptr, tl.sum(tl.where(live & quarter_exact & ~silu_same, 1, 0), axis=0))
+    one = tl.full(x.shape, 1.0, tl.float32)
+    sigmoid_same = _same_bits(div_one_plus(one, e, "ptx"), one / (1.0 + e))
+    tl.atomic_add(count_ptr + 1, tl.sum(tl.where(live & ~sigmoid_same, 1, 0), axis=0))
 
 
 @triton.jit
@@ -73,6 +93,10 @@ def every_bf16_as_fp32() -> torch.Tensor:
     return every_value(torch.bfloat16).float().flatten().to(DEVICE)
 
 
+def every_fp16_as_fp32() -> torch.Tensor:
+    return every_value(torch.float16).float().flatten().to(DEVICE)
+
+
 @gpu_test
 def test_exp_exp_neg_and_tanh_are_libdevice_on_every_fp32_input():
     count = torch.zeros(3, dtype=torch.int32, device=DEVICE)
@@ -84,33 +108,45 @@ def test_exp_exp_neg_and_tanh_are_libdevice_on_every_fp32_input():
     assert tanh == 0, f"tanh_f32 differs from libdevice.tanh on {tanh} fp32 inputs"
 
 
-def divisors(n: int, g: torch.Generator) -> torch.Tensor:
-    """fp32 in [1, inf]: every exponent from 0 to 127 (random mantissas), inf, NaN, and the 2**126 edge."""
-    exponent = torch.randint(127, 255, (n,), generator=g, dtype=torch.int32)
+def addends(n: int, g: torch.Generator) -> torch.Tensor:
+    """fp32 e >= 0: every exponent (random mantissas, subnormals included), inf, NaN, and around the 2**126 edge
+    of `1 + e` where `div.full` rescales."""
+    exponent = torch.randint(0, 255, (n,), generator=g, dtype=torch.int32)
     mantissa = torch.randint(0, 1 << 23, (n,), generator=g, dtype=torch.int32)
-    d = ((exponent << 23) | mantissa).view(torch.float32)
-    edge = torch.tensor([2.0**126, 2.0**127, torch.finfo(torch.float32).max, float("inf"), float("nan"), 1.0, 2.0])
+    e = ((exponent << 23) | mantissa).view(torch.float32)
+    edge = torch.tensor([2.0**126, 2.0**127, torch.finfo(torch.float32).max, float("inf"), float("nan"), 0.0, 1.0])
     edge = torch.cat([edge, torch.nextafter(torch.tensor([2.0**126]), torch.tensor([0.0, 1e38]))])
-    d[: edge.numel()] = edge
-    return d
+    e[: edge.numel()] = edge
+    return e
 
 
 @gpu_test
-def test_div_ge1_is_tritons_division():
+def test_div_one_plus_is_tritons_division_on_bf16_and_fp16_numerators():
     g = torch.Generator().manual_seed(0)
     n = 1 << 24
-    x = torch.randint(-(1 << 31), (1 << 31) - 1, (n,), generator=g, dtype=torch.int32).view(torch.float32)
-    x[: 1 << 16] = every_bf16_as_fp32().cpu()
-    d = divisors(n, g)
-    x, d = x.to(DEVICE), d.to(DEVICE)
+    values = torch.cat([every_bf16_as_fp32(), every_fp16_as_fp32()]).cpu()
+    x = values[torch.randint(0, values.numel(), (n,), generator=g)]
+    x[: values.numel()] = values
+    e = addends(n, g)
+    x, e = x.to(DEVICE), e.to(DEVICE)
     ours, theirs = torch.empty_like(x), torch.empty_like(x)
-    _div_pair[(triton.cdiv(n, BLOCK),)](x, d, ours, theirs, n, BLOCK=BLOCK)
-    assert_same_values(ours, theirs, "div_ge1 vs /")
+    _div_pair[(triton.cdiv(n, BLOCK),)](x, e, ours, theirs, n, BLOCK=BLOCK)
+    assert_same_values(ours, theirs, "div_one_plus vs /")
 
 
 @gpu_test
-def test_silu_f32_is_inductors_on_every_bf16_value():
-    x = every_bf16_as_fp32()
+def test_div_one_plus_is_tritons_division_for_silu_and_sigmoid_on_every_fp32_input():
+    count = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for first in range(0, 1 << 32, CHUNK):
+        _division_mismatches[(CHUNK // BLOCK,)](count, first, CHUNK, BLOCK=BLOCK)
+    silu, sigmoid = count.tolist()
+    assert silu == 0, f"div_one_plus(x, exp(-x)) differs from x / (1 + exp(-x)) on {silu} fp32 inputs"
+    assert sigmoid == 0, f"div_one_plus(1, exp(-x)) differs from 1 / (1 + exp(-x)) on {sigmoid} fp32 inputs"
+
+
+@gpu_test
+def test_silu_f32_is_inductors_on_every_bf16_and_fp16_value():
+    x = torch.cat([every_bf16_as_fp32(), every_fp16_as_fp32()])
     ours = torch.empty_like(x)
     _silu[(triton.cdiv(x.numel(), BLOCK),)](x, ours, x.numel(), BLOCK=BLOCK)
     inductor = torch.compile(torch.nn.functional.silu, dynamic=False)(x)

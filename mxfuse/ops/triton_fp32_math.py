@@ -13,16 +13,22 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
   `exp(-x)`: Triton's `-x` is an FADD of its own);
 - :func:`tanh_f32` is libdevice's `__nv_tanhf` with both sides of its branch computed and one selected
   (GELU-tanh: the branch ran a thread's values one path after the other, with no overlap between them);
-- :func:`div_ge1` is `div.full.f32` for a divisor `d >= 1` or NaN (every `1 + exp(-x)`): the
-  operands scaled by 1/4 when `d > 2**126`, then `x * rcp.approx(d)`, without the subnormal-divisor
-  branch that can never be taken: 5 instructions against 8 for `div.full.f32` and 10 for the
-  correctly rounded `div.rn.f32` (its branch to a slow path included).
+- :func:`div_one_plus` is `n / (1 + e)` for `e = exp(-x)` with Triton's `/` (`div.full.f32`: the operands
+  scaled by 1/4 when the divisor exceeds 2**126, then `n * rcp.approx(d)`), the same bits in 4 instructions
+  (the add included) instead of 9 (6 once the subnormal-divisor branch that `d >= 1` never takes is gone;
+  the correctly rounded `div.rn.f32` is 10 and a branch): it always takes `div.full`'s scaled path, which is
+  exact where `div.full` does not take it. `(1 + e) / 4` is one FMA (`round((1 + e) / 4)` is
+  `round(1 + e) / 4`: a power-of-two scale commutes with rounding in the normal range, and the quotient is at
+  least 1/4); `rcp.approx` of `d / 4` is 4 times that of `d` for every `d <= 2**126` (the exponent is
+  negated, the mantissa's reciprocal the same), so `(n / 4) * rcp(d / 4)` is the exact product `n * rcp(d)`
+  rounded once, provided `n / 4` is exact: true for 1 and every bf16 / fp16 value (the activations' inputs),
+  not for fp32 values below 2**-124 with their low bits set.
 
-The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 13 instructions a
+The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 11 instructions a
 value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
 differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
 docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py;
-tests/test_gpu_fp32_math.py checks `exp_f32` against libdevice on every fp32 input, `div_ge1`
+tests/test_gpu_fp32_math.py checks `exp_f32` against libdevice on every fp32 input, `div_one_plus`
 against `/` and the SiLU against Inductor's). On a CPU,
 tests/test_fp32_math_compiled.py compiles the library's code and ours for sm_90 and sm_100 and fails if
 a Triton update changed the library's side: on Blackwell `div.full.f32` is the same instructions, so the
@@ -49,7 +55,16 @@ from mxfuse.ops.triton_targets import Isa
 
 Math = Literal["ptx", "portable", "interpreter"]
 
-__all__ = ["Math", "div_ge1", "exp_f32", "exp_neg_f32", "math_of", "sigmoid_f32", "silu_f32", "tanh_f32"]
+__all__ = [
+    "Math",
+    "div_one_plus",
+    "exp_f32",
+    "exp_neg_f32",
+    "math_of",
+    "sigmoid_f32",
+    "silu_f32",
+    "tanh_f32",
+]
 
 
 def math_of(device: torch.device, isa: Isa) -> Math:
@@ -147,42 +162,38 @@ def tanh_f32(v, MATH: tl.constexpr):
         return 2.0 / (1.0 + tl.exp(-2.0 * v)) - 1.0
 
 
+DIV_ONE_PLUS_PTX = tl.constexpr(
+    """{
+    .reg .f32 q, r, h;
+    fma.rn.f32 q, $2, 0f3E800000, 0f3E800000;
+    rcp.approx.ftz.f32 r, q;
+    mul.rn.f32 h, $1, 0f3E800000;
+    mul.rn.f32 $0, h, r;
+    }"""
+)
+"""`($1 / 4) * rcp.approx(($2 + 1) / 4)`: :func:`div_one_plus`."""
+
+
 @triton.jit
-def div_ge1(x, d, MATH: tl.constexpr):
-    """`x / d` for `d >= 1` or NaN: Triton's `/` (on NVIDIA `div.full.f32`, the same bits, its branch-free
-    part only)."""
+def div_one_plus(n, e, MATH: tl.constexpr):
+    """`n / (1 + e)` for `e >= 0`, +inf or NaN, and `n` whose quarter is exact (1, any bf16 / fp16 value): the
+    bits of Triton's `n / (1 + e)` (on NVIDIA `div.full.f32` of the rounded sum), by its scaled path at every
+    divisor (the module docstring says why that is exact)."""
     if MATH == "ptx":
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .f32 n, q, r;
-            .reg .pred big;
-            mov.f32 n, $1;
-            mov.f32 q, $2;
-            setp.gt.f32 big, q, 0f7E800000;
-            @big mul.rn.f32 n, n, 0f3E800000;
-            @big mul.rn.f32 q, q, 0f3E800000;
-            rcp.approx.ftz.f32 r, q;
-            mul.rn.f32 $0, n, r;
-            }""",
-            "=r,r,r",
-            [x, d],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
-        )
+        return tl.inline_asm_elementwise(DIV_ONE_PLUS_PTX, "=r,r,r", [n, e], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        return x / d
+        return n / (1.0 + e)
 
 
 @triton.jit
 def _over_one_plus_exp_neg(n, x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr):
     """`n / (1 + exp(-x))`: Inductor's `/`, or with ROUNDED_DIV the correctly rounded `div_rn` of torch's eager
-    CUDA kernels."""
-    d = 1.0 + exp_neg_f32(x, MATH)
+    CUDA kernels. `n` is 1 or x, a bf16 / fp16 value widened (`div_one_plus`'s condition)."""
+    e = exp_neg_f32(x, MATH)
     if ROUNDED_DIV:
-        return tl.math.div_rn(n, d)
+        return tl.math.div_rn(n, 1.0 + e)
     else:
-        return div_ge1(n, d, MATH)
+        return div_one_plus(n, e, MATH)
 
 
 @triton.jit
