@@ -839,7 +839,7 @@ def gated_table(results, copy_tbs) -> str:
 
 def gated_variants():
     """Launch shapes of the fused gated ops timed beside the default (`config=`; the same bits), each compiling without
-    a spill on every target of tools/compile_targets.py but where said: the gate as f(K, M), the norm as f(G) (batch
+    a spill on every target of tools/compile_targets.py: the gate as f(K, M), the norm as f(G) (batch
     invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024) tile on 8 warps, 8 values a thread, 32
     registers, where `gate_config` takes 8, else (4, 1024), 16 a thread, 47 registers (5 programs an SM); the norm's
     32 x 128 on 8 warps, 16 values and 16 codes a thread, the load barrier, groups first, 58 registers (4 programs;
@@ -847,10 +847,9 @@ def gated_variants():
     "v8": 8 a thread at every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11%
     fewer instructions a value). The norm: "nofence": without the load barrier (40 registers, z loaded after x's
     reduction); "cv8": 8 codes a thread (9% more instructions); "v8": 8 values a thread (16 rows; 22% more
-    instructions a value, 8 programs an SM), also row tiles first; "regs48": capped at 48 registers (5 programs an
-    SM instead of 4; sm_90 only: the cap spills 8 bytes on sm_100 under Triton 3.8); the default in the other grid
-    order is the gated section's own column. Run 16 (H100) timed these and "v32" (32 values a thread: 80 registers,
-    slower everywhere)."""
+    instructions a value, 8 programs an SM), also row tiles first; the default in the other grid order is the gated
+    section's own column. Run 16 (H100) timed these and "v32" (32 values a thread: 80 registers, slower everywhere;
+    run 17: "regs48", capped at 48 registers for 5 programs an SM, no faster and a spill on sm_100)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -884,7 +883,6 @@ def gated_variants():
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),
         "rows-first v8": norm_rows(2, code_vector=8, groups_first=False),
-        "regs48": norm_rows(1, max_registers=48),  # 5 programs an SM (sm_90; 8 stack bytes on sm_100, Triton 3.8)
     }
     return gate, norm
 
@@ -976,9 +974,6 @@ def act_variants():
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
         "rows": changed(with_device(), cols_first=False),
         "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
-        "pair": changed(with_device(), pair_loads=True),  # a row's gate / up loads issued together
-        "pair-regs32": changed(with_device(), pair_loads=True, max_registers=32),
-        "mem-fast-pair": changed(with_device(dram_bytes_per_s=1e15), pair_loads=True),  # 16 a thread, paired
         "w1c512": one_warp_row(512),
         "w1c256": one_warp_row(256),
     }

@@ -178,11 +178,6 @@ class ActMulConfig(NamedTuple):
     """Programmatic dependent launch (NVIDIA only, dropped elsewhere): the kernel waits for the kernel before
     it (`gdc_wait`) before touching memory and lets the next one launch. Off by default for the norms'
     reason: it pays only between PDL launches on both sides (docs/perf_notes.md, runs 10 and 15)."""
-    pair_loads: bool = False
-    """NVIDIA, 16-bit inputs: tie each gate register to up's (`_paired_with`), so that a row's two loads issue
-    together. Else ptxas issues up's only after the activation has waited for gate's bytes, and with 16 values a
-    thread (two rows) a thread's loads take up to four round trips in a row (sm_90 SASS); a barrier does not
-    keep them ahead here (ptxas drops it in a kernel without shared memory)."""
 
 
 def block_cols(i: int) -> int:
@@ -276,15 +271,6 @@ def _mul_widen_bf16(a, u):
 
 
 @triton.jit
-def _paired_with(g, u):
-    """`g`, as a `prmt` that selects g's four bytes but reads u's register too (the same bits, one instruction a
-    pair): gate's first use then waits for up's load, which ptxas must therefore have issued already."""
-    return tl.inline_asm_elementwise(
-        "prmt.b32 $0, $1, $2, 0x3210;", "=r,r,r", [g, u], dtype=g.dtype, is_pure=True, pack=2
-    )
-
-
-@triton.jit
 def _act_mul_tile(
     g,
     u,
@@ -359,7 +345,6 @@ def _act_mul_kernel(
     MATH: tl.constexpr,
     WIDEN: tl.constexpr,
     PDL: tl.constexpr = False,
-    PAIR_LOADS: tl.constexpr = False,
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
     row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
@@ -378,8 +363,6 @@ def _act_mul_kernel(
         mask = (r2 < M) & (c2 < I)
         g = tl.load(g_ptr + r2 * stride_g + c2, mask=mask, other=0.0, eviction_policy="evict_first")
         u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
-        if PAIR_LOADS:
-            g = _paired_with(g, u)
         dtype: tl.constexpr = g.dtype
         WIDEN_Y: tl.constexpr = WIDEN if QUANT and not MX.EMIT_Y else "cvt"
         y = _act_mul_tile(_widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, MATH, WIDEN_Y)
@@ -453,7 +436,6 @@ def act_mul_launch(
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
         PDL=hints.pdl,
-        PAIR_LOADS=bool(cfg.pair_loads and isa == "ptx" and gate.element_size() == 2),
     )
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
                                  pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
