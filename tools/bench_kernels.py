@@ -842,7 +842,7 @@ def gated_variants():
     a spill on every target of tools/compile_targets.py: the gate as f(K, M), the norm as f(G) (batch
     invariance). Default on sm_90 (Triton 3.6, K 4096): the gate's (2, 1024) tile on 8 warps, 8 values a thread, 32
     registers, where `gate_config` takes 8, else (4, 1024), 16 a thread, 47 registers (5 programs an SM); the norm's
-    32 x 128 on 8 warps, 16 values and 16 codes a thread, the load barrier, groups first, 58 registers (4 programs;
+    32 x 128 on 8 warps, 16 values and 16 codes a thread, the load barrier, groups first, 57 registers (4 programs;
     run 16). "quant-tile": the gate in the quant kernel's tile at every M (16 a thread; the default before run 15);
     "v8": 8 a thread at every M; "v8w16": 8 a thread on 16 warps; "v32w4": 32 a thread on 4 warps (66 registers, 11%
     fewer instructions a value). The norm: "nofence": without the load barrier (40 registers, z loaded after x's

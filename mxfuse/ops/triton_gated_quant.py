@@ -385,7 +385,7 @@ def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
 def gated_norm_config(group_size: int) -> GatedNormConfig:
     """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
     16 codes a thread (one 16-byte code store, half a block a thread; 8% fewer instructions than 8 codes),
-    the load barrier, groups first. 58 registers on sm_90 and sm_100 (the barrier holds z and w across x's
+    the load barrier, groups first. 57-59 registers on sm_90 and sm_100 (the barrier holds z and w across x's
     reduction; 40 without it). H100, G 128, K 2048 / 4096: 2.16-2.20 µs at M 1 against 2.54-2.59 before, 3-4%
     faster than row tiles first at M 16384, 87% / 93% of the copy at M 4096 (docs/perf_notes.md, run 16)."""
     _, bm, warps = gated_norm_tile(group_size)
