@@ -231,6 +231,16 @@ import torch
 from mxfuse.ops import reference, triton_act_quant as taq
 from mxfuse.ops.triton_act_quant import ActMulConfig
 
+_empty = torch.empty
+
+
+def poisoned_empty(*args, **kwargs):  # every output byte a launch does not write stays 0xAB: the checks see it
+    t = _empty(*args, **kwargs)
+    t.view(torch.uint8).fill_(0xAB)
+    return t
+
+
+torch.empty = poisoned_empty
 g = torch.Generator().manual_seed(0)
 for m, i in ((130, 384), (37, 96)):  # 384: 128- and 256-column blocks divide I; 96: a masked tail block
     x = torch.randn(m, 2 * i, generator=g).bfloat16()

@@ -275,6 +275,16 @@ CHECK_KERNEL_LAYOUT = """
 import torch
 from mxfuse.ops import reference, triton_gated_quant as tg
 
+_empty = torch.empty
+
+
+def poisoned_empty(*args, **kwargs):  # every output byte a launch does not write stays 0xAB: the checks see it
+    t = _empty(*args, **kwargs)
+    t.view(torch.uint8).fill_(0xAB)
+    return t
+
+
+torch.empty = poisoned_empty
 g = torch.Generator().manual_seed(0)
 for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
     for k, group, full in ((384, 128, True), (288, 96, False)):  # 288: a masked tail tile

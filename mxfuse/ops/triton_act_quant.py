@@ -97,9 +97,10 @@ from mxfuse.ops.triton_fp32_math import bf16_bits_to_f32, math_of, sigmoid_f32, 
 from mxfuse.ops.triton_mx_quant import (
     CODE_VECTORS,
     COLUMN_TILE,
+    SCALE_PAD_ROWS,
     MxSpec,
-    _f8_128x4_offset,
     _mx_epilogue,
+    _zero_pad_scales,
     mx_dst,
     producer_outputs,
     row_stride,
@@ -145,8 +146,6 @@ wave: a second wave this small cost more than the longer chains (H100, I 2176 M 
 RESIDENT_THREADS_PER_SM = 2048
 MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a column-first grid puts the row tiles there)."""
-SCALE_PAD_ROWS = 128
-"""Rows of swizzled-scale padding one padding program zeroes (per column block)."""
 WIDENINGS = ("shift", "cvt")
 WIDE_CODES_MAX_COLS = 512
 """Tiles of at most this many columns and 16 values a thread store 16 codes a thread (one 16-byte store,
@@ -305,22 +304,6 @@ def _act_mul_tile(
         return (a * u).to(DTYPE).to(tl.float32)
 
 
-@triton.jit
-def _zero_scale_padding(sc_ptr, p, cb, first_row, scale_rows, scale_cols_padded, BC: tl.constexpr, PAD: tl.constexpr):
-    """Zero the F8_128x4 scales of padding rows `first_row + p * PAD ...` (< scale_rows) in column
-    block `cb`: rows no tile of real rows covers, so no program loads or computes for them. A row's 4
-    scales of one column group are one aligned 32-bit word (BC >= 128: whole groups), stored as one (byte
-    stores with their offsets took a 1-warp program ~0.3 µs at M 1, run 13)."""
-    rows = first_row + p.to(tl.int64) * PAD + tl.arange(0, PAD)
-    groups = cb * (BC // (32 * COLUMN_TILE)) + tl.arange(0, BC // (32 * COLUMN_TILE))
-    r2 = rows[:, None]
-    g2 = groups[None, :]
-    off = _f8_128x4_offset(r2, g2, 0, scale_cols_padded, COLUMN_TILE)
-    mask = (r2 < scale_rows) & (g2 < scale_cols_padded // COLUMN_TILE)
-    zeros = tl.zeros([PAD, BC // (32 * COLUMN_TILE)], tl.int32)
-    tl.store(sc_ptr.to(tl.pointer_type(tl.int32)) + off, zeros, mask=mask)
-
-
 @triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
 def _act_mul_kernel(
     g_ptr,
@@ -351,10 +334,13 @@ def _act_mul_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
-    if pid >= n_tiles:  # only in the swizzled layout: a program of padding rows (no loads)
-        if MX.SWIZZLED:
-            _zero_scale_padding(dst.sc_ptr, pid - n_tiles, cb, n_tiles * BM, scale_rows, dst.scale_cols_padded,
-                                BC, PAD_ROWS)  # fmt: skip
+    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
+    padding = pid >= n_tiles if MX.SWIZZLED else False
+    if padding:
+        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
+        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, cb * WORDS,
+                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
+                         WORDS)  # fmt: skip
     else:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)

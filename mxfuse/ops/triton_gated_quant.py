@@ -42,13 +42,17 @@ Arithmetic (compiled without FMA contraction):
 Grids: the gate is elementwise: `[BM, BC]` tiles of `gate_config` (the quant kernel's, at 8 values a thread
 where the act·mul takes 8). The gated norm: one program per BM rows and one group, groups first (`(K / G,
 cdiv(rows, BM))`: consecutive programs read a row tile's K contiguous values; 3-4% faster than row tiles first
-at M 16384 on an H100, run 16, where run 10 measured it 0-3% slower on the H200 with the previous kernel);
-a group's
-padding lanes and the swizzled layout's padding rows compute from x = 0 and z = 1 (the padding
-rows' y forced to 0: a zero row may give NaN with eps 0). z = 1, not 0, was chosen when the SiLU
+at M 16384 on an H100, run 16, where run 10 measured it 0-3% slower on the H200 with the previous kernel).
+A group's padding lanes and the last row tile's rows past M compute from x = 0 and z = 1 (those rows'
+y forced to 0 when swizzled: a zero row may give NaN with eps 0). z = 1, not 0, was chosen when the SiLU
 divided with `div.rn.f32`, whose slow path a zero numerator takes (4.9 µs at M 1 against 3.3 at
 M 64); x = 0 keeps every stored value and the sum of squares as they were. The last group also stores the
 zero scale columns past K/32 up to the F8_128x4 padding.
+
+Swizzled scales (both kernels, as the act·mul's): the row tiles cover the M real rows; the programs after
+them only store the zero scales of the remaining padding rows up to pad128(M), a 32-bit word (4 scales) a
+store, no loads. Computing those rows as rows of zeros, as the kernels did before, cost a decode launch up to
+0.85 µs at K 8192 (127 rows of work for one; H100, docs/perf_notes.md run 17).
 """
 
 from __future__ import annotations
@@ -59,16 +63,20 @@ import torch
 import triton
 import triton.language as tl
 
+from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_scale_columns
 from mxfuse.ops.norm_quant_config import NOMINAL_SMS, next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_act_quant import values_per_thread
 from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
     CODE_VECTORS,
+    COLUMN_TILE,
+    SCALE_PAD_ROWS,
     MxDst,
     MxSpec,
     _mx_epilogue,
     _store_scales,
+    _zero_pad_scales,
     mx_dst,
     producer_outputs,
     rule_name,
@@ -194,13 +202,14 @@ def _rsqrt(v, ISA: tl.constexpr):
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit(do_not_specialize=["M", "scale_rows"])
+@triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
 def _gate_kernel(
     x_ptr,
     g_ptr,
     dst,
     M,
     scale_rows,
+    n_tiles,
     K,
     stride_x,
     stride_g,
@@ -208,30 +217,42 @@ def _gate_kernel(
     ROUND_GATE: tl.constexpr,
     BM: tl.constexpr,
     BC: tl.constexpr,
+    PAD_ROWS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE)."""
+    """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE);
+    row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
-    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
-    s = sigmoid_f32(_to_f32(g, "bits", ISA), MATH, ROUNDED_DIV=True)
-    if ROUND_GATE:
-        s = s.to(x.dtype).to(tl.float32)
-    yf = x.to(tl.float32) * s  # (a bf16 x bf16 product LLVM rounds with one HMUL2 when ROUND_GATE: a cvt, not bits)
-    y = yf.to(x.dtype)
-    if QUANT:  # padding rows of F8_128x4 load zeros: y = 0, scale byte 0
-        _mx_epilogue(yf, y, rows, cols, mask, tl.program_id(1) * (BC // 32), K, dst, scale_rows, BM, BC, MX)
+    pid = tl.program_id(0)
+    cb = tl.program_id(1)
+    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
+    padding = pid >= n_tiles if MX.SWIZZLED else False
+    if padding:
+        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
+        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, cb * WORDS,
+                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
+                         WORDS)  # fmt: skip
     else:
-        tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+        rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
+        cols = cb * BC + tl.arange(0, BC)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
+        ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+        s = sigmoid_f32(_to_f32(g, "bits", ISA), MATH, ROUNDED_DIV=True)
+        if ROUND_GATE:
+            s = s.to(x.dtype).to(tl.float32)
+        yf = x.to(tl.float32) * s  # (a bf16 x bf16 product LLVM rounds with one HMUL2 when ROUND_GATE: a cvt)
+        y = yf.to(x.dtype)
+        if QUANT:  # the last tile's rows past M (swizzled) load zeros: y = 0, scale byte 0
+            _mx_epilogue(yf, y, rows, cols, mask, cb * (BC // 32), K, dst, scale_rows, BM, BC, MX)
+        else:
+            tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
 
 
-@triton.jit(do_not_specialize=["M", "scale_rows"])
+@triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
 def _gated_norm_kernel(
     x_ptr,
     z_ptr,
@@ -239,6 +260,7 @@ def _gated_norm_kernel(
     dst,
     M,
     scale_rows,
+    n_tiles,
     K,
     stride_x,
     stride_z,
@@ -254,63 +276,76 @@ def _gated_norm_kernel(
     QUANT: tl.constexpr,
     BM: tl.constexpr,
     ROW_AXIS: tl.constexpr,
+    PAD_ROWS: tl.constexpr,
+    PAD_WORDS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
     LOAD_FENCE: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
-    padded to GP lanes)."""
+    padded to GP lanes); row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows,
+    PAD_WORDS scale words a group program (the words need not line up with the groups)."""
     pdl_enter(PDL)
-    ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+    pid = tl.program_id(ROW_AXIS)
     group = tl.program_id(1 - ROW_AXIS)
-    rows = tl.program_id(ROW_AXIS).to(tl.int64) * BM + tl.arange(0, BM)
-    j = tl.arange(0, GP)
-    cols = group * G + j
-    mask = (rows < M)[:, None] & (j < G)[None, :]
-    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)  # z = 1: the module docstring
-    w_offs = cols if W_FULL else j
-    w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
-    if LOAD_FENCE:
-        # ptxas otherwise issues z's loads after x's sum of squares, which waits for x: two memory round trips in
-        # a row, 0.3-0.5 µs more at decode sizes on an H100 (docs/perf_notes.md, run 16); the barrier keeps them ahead
-        tl.debug_barrier()
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
-    s = _to_f32(x, "bits", ISA)
-    if not NORM_BEFORE_GATE:
-        s = s * act
-    # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
-    # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
-    # so fused and unfused would round the mean square differently; the pairwise tree does not
-    ssq = _pairwise_sum(s * s, BM, GP)
-    # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value): no division at a power of two
-    var = ssq * (1.0 / G) if G & (G - 1) == 0 else tl.math.div_rn(ssq, group_size.to(tl.float32))
-    n = s * _rsqrt(var + eps, ISA)[:, None]
-    if ROUND_NORMALIZED:
-        n = n.to(x.dtype).to(tl.float32)
-    out = n * w
-    if ROUND_WEIGHTED:
-        out = out.to(x.dtype).to(tl.float32)
-    if NORM_BEFORE_GATE:
-        out = out * act
-    if QUANT and MX.SWIZZLED:  # padding rows of F8_128x4: y = 0 (zero rows may give NaN), scale byte 0
-        out = tl.where((rows < M)[:, None], out, 0.0)
-    y = out.to(x.dtype)
-    if not QUANT:
-        tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
+    padding = pid >= n_tiles if MX.SWIZZLED else False
+    if padding:
+        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, group * PAD_WORDS,
+                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
+                         PAD_WORDS)  # fmt: skip
     else:
-        jb = tl.arange(0, GP // 32)
-        # a group's padding blocks store nothing (they are the next group's columns): their scale columns
-        # start past the layout's last one, so the epilogue's store mask drops them
-        scol0 = tl.where(jb < G // 32, group * (G // 32), dst.scale_cols_padded)
-        _mx_epilogue(out, y, rows, cols, mask, scol0, K, dst, scale_rows, BM, GP, MX)
-        if MX.SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
-            if group == tl.num_programs(1 - ROW_AXIS) - 1:  # the zero scale columns K/32 .. pad4(K/32)
-                pad = dst.scale_cols + tl.arange(0, 4)
-                zeros = tl.zeros([BM, 4], dtype=tl.int32)
-                _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
-                              dst.stride_s, True, "tl_store", ISA)  # fmt: skip
+        ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
+        rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
+        j = tl.arange(0, GP)
+        cols = group * G + j
+        mask = (rows < M)[:, None] & (j < G)[None, :]
+        # z = 1 past the mask: the module docstring
+        z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=1.0)
+        w_offs = cols if W_FULL else j
+        w = tl.load(w_ptr + w_offs[None, :], mask=(j < G)[None, :], other=0.0).to(tl.float32)
+        if LOAD_FENCE:
+            # ptxas otherwise issues z's loads after x's sum of squares, which waits for x: two memory round trips
+            # in a row, 0.3-0.5 µs more at decode sizes on an H100 (docs/perf_notes.md, run 16); the barrier keeps
+            # them ahead
+            tl.debug_barrier()
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
+        s = _to_f32(x, "bits", ISA)
+        if not NORM_BEFORE_GATE:
+            s = s * act
+        # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
+        # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
+        # so fused and unfused would round the mean square differently; the pairwise tree does not
+        ssq = _pairwise_sum(s * s, BM, GP)
+        # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value): no division at a power of two
+        var = ssq * (1.0 / G) if G & (G - 1) == 0 else tl.math.div_rn(ssq, group_size.to(tl.float32))
+        n = s * _rsqrt(var + eps, ISA)[:, None]
+        if ROUND_NORMALIZED:
+            n = n.to(x.dtype).to(tl.float32)
+        out = n * w
+        if ROUND_WEIGHTED:
+            out = out.to(x.dtype).to(tl.float32)
+        if NORM_BEFORE_GATE:
+            out = out * act
+        if QUANT and MX.SWIZZLED:  # padding rows of F8_128x4: y = 0 (zero rows may give NaN), scale byte 0
+            out = tl.where((rows < M)[:, None], out, 0.0)
+        y = out.to(x.dtype)
+        if not QUANT:
+            tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+        else:
+            jb = tl.arange(0, GP // 32)
+            # a group's padding blocks store nothing (they are the next group's columns): their scale columns
+            # start past the layout's last one, so the epilogue's store mask drops them
+            scol0 = tl.where(jb < G // 32, group * (G // 32), dst.scale_cols_padded)
+            _mx_epilogue(out, y, rows, cols, mask, scol0, K, dst, scale_rows, BM, GP, MX)
+            if MX.SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
+                if group == tl.num_programs(1 - ROW_AXIS) - 1:  # the zero scale columns K/32 .. pad4(K/32)
+                    pad = dst.scale_cols + tl.arange(0, 4)
+                    zeros = tl.zeros([BM, 4], dtype=tl.int32)
+                    _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
+                                  dst.stride_s, True, "tl_store", ISA)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launches
@@ -342,9 +377,10 @@ def gate_launch(
     cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
-    grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
+    n_tiles, n_pad = _row_tiles(m, scale_rows, cfg.block_rows, swizzled)
+    grid = (n_tiles + n_pad, triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
-    args = (x, gate, dst, m, scale_rows, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
+    args = (x, gate, dst, m, scale_rows, n_tiles, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
     # a rounded gate makes y a product of two bf16 values, which LLVM rounds with one HMUL2 a pair: pairing the
     # fp32 product's rounding instead would cost 56 instructions a thread (sm_90, K 4096)
     quant_ops = qcfg.quant_ops if round_gate else _paired(qcfg.quant_ops)
@@ -354,12 +390,20 @@ def gate_launch(
         ROUND_GATE=bool(round_gate),
         BM=cfg.block_rows,
         BC=cfg.block_cols,
+        PAD_ROWS=SCALE_PAD_ROWS,
         MX=spec,
         MATH=math_of(x.device, isa),
         PDL=hints.pdl,
     )
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
                                  pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
+
+
+def _row_tiles(m: int, scale_rows: int, block_rows: int, swizzled: bool) -> tuple[int, int]:
+    """(tiles of the M real rows, programs that only zero the swizzled scales of the padding rows after them):
+    computing the padding rows as rows of zeros took a decode launch up to 0.85 µs more at K 8192 (H100, run 17)."""
+    n_tiles = triton.cdiv(m, block_rows)
+    return n_tiles, triton.cdiv(max(0, scale_rows - n_tiles * block_rows), SCALE_PAD_ROWS) if swizzled else 0
 
 
 def _paired(quant_ops: str) -> str:
@@ -430,11 +474,12 @@ def gated_norm_launch(
     _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
     hints = launch_hints(isa, cfg_n.pdl, cfg_n.max_registers)
-    row_tiles, groups = triton.cdiv(scale_rows, bm), k // group_size
+    n_tiles, n_pad = _row_tiles(m, scale_rows, bm, swizzled)
+    row_tiles, groups = n_tiles + n_pad, k // group_size
     row_axis = 1 if cfg_n.groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
     cfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
-    args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, k, x.stride(0) if m > 1 else k,
+    args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, n_tiles, k, x.stride(0) if m > 1 else k,
             z.stride(0) if m > 1 else k, group_size, float(eps))  # fmt: skip
     spec = MxSpec(swizzled, bool(emit_y and quant), _paired(cfg.quant_ops), cfg.scale_store, rule_key, isa,
                   cfg_n.code_vector)  # fmt: skip
@@ -449,6 +494,8 @@ def gated_norm_launch(
         QUANT=bool(quant),
         BM=bm,
         ROW_AXIS=row_axis,
+        PAD_ROWS=SCALE_PAD_ROWS,
+        PAD_WORDS=next_pow2(triton.cdiv(padded_scale_columns(k) // SWIZZLE_COLUMN_TILE, groups)),
         MX=spec,
         MATH=math_of(x.device, isa),
         LOAD_FENCE=bool(cfg_n.load_fence),
