@@ -759,6 +759,18 @@ def _gated_refs():
             dict(gate=gate, gate_quant=gate_quant, norm=norm, norm_quant=norm_quant).items()}  # fmt: skip
 
 
+def time_same_size_copy(t, res, nbytes: int, n: int) -> None:
+    """res["copy"]: µs of a device-to-device copy moving `nbytes` (half read, half written; the faster of an SM
+    kernel and a memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph.
+    `t(name, fn, inputs)` times and stores."""
+    half = nbytes // 4  # bf16 elements: half the bytes read, half written
+    copies = [(torch.ones(half, device="cuda", dtype=DT),) for _ in range(n)]
+    copy_dst = torch.empty(half, device="cuda", dtype=DT)
+    t("copy_sm", lambda src: torch.neg(src, out=copy_dst), copies)  # a kernel on the SMs
+    t("copy_ce", lambda src: copy_dst.copy_(src), copies)  # a memcpy node (may run on a copy engine)
+    res["copy"] = min(res["copy_sm"], res["copy_ce"])
+
+
 def bench_gated_point(k, m, compiled=None, log=print):
     """µs of the gated ops at one (K, M): fused (row-major / swizzled), the unfused pair (producer kernel then
     the quant kernel), the producer kernel alone, `torch.compile` of the plain PyTorch producer alone and with
@@ -768,9 +780,9 @@ def bench_gated_point(k, m, compiled=None, log=print):
     w = (1 + 0.1 * torch.randn(GATED_GROUP, device="cuda")).to(DT)
     res = {"K": k, "M": m, "sets": len(sets)}
 
-    def t(name, fn):
+    def t(name, fn, inputs=sets):
         try:
-            res[name] = time_cuda_graph(fn, sets)
+            res[name] = time_cuda_graph(fn, inputs)
         except Exception as e:  # one failing row must not lose the table
             log(f"  {name} K={k} M={m} FAILED: {type(e).__name__}: {e}")
             res[name] = float("nan")
@@ -807,6 +819,7 @@ def bench_gated_point(k, m, compiled=None, log=print):
         t("gate_quant_compiled", compiled["gate_quant"])
         t("norm_compiled", lambda x, z: compiled["norm"](x, z, w))
         t("norm_quant_compiled", lambda x, z: compiled["norm_quant"](x, z, w))
+    time_same_size_copy(t, res, producer_bytes(m, k), len(sets))
     return res
 
 
@@ -819,9 +832,9 @@ def gated_table(results, copy_tbs) -> str:
         lines += [
             f"\n### {title} -> MXFP8 (bf16; fused vs. the unfused pair, the producer alone, torch.compile)\n",
             "| K | M | fused µs | swizzled µs | TB/s | % copy | unfused pair µs | pair / fused | producer alone µs |"
-            " compiled producer µs | compiled producer+quant µs | alone / fused |"
-            + (" other grid order µs |" if prod == "norm" else ""),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if prod == "norm" else ""),
+            " compiled producer µs | compiled producer+quant µs | alone / fused | same-size copy µs |"
+            " copy / fused |" + (" other grid order µs |" if prod == "norm" else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if prod == "norm" else ""),
         ]
         for r in results:
             fused = r[f"{prod}_fused"]
@@ -831,7 +844,8 @@ def gated_table(results, copy_tbs) -> str:
                 f"| {r['K']} | {r['M']} | {fused:.2f} | {r[f'{prod}_fused_swz']:.2f} | {rate:.2f} | "
                 f"{100 * rate / copy_tbs:.0f}% | {r[f'{prod}_unfused']:.2f} | {r[f'{prod}_unfused'] / fused:.2f}x | "
                 f"{r[f'{prod}_alone']:.2f} | {r.get(f'{prod}_compiled', float('nan')):.2f} | "
-                f"{r.get(f'{prod}_quant_compiled', float('nan')):.2f} | {r[f'{prod}_alone'] / fused:.2f} |"
+                f"{r.get(f'{prod}_quant_compiled', float('nan')):.2f} | {r[f'{prod}_alone'] / fused:.2f} | "
+                f"{r.get('copy', float('nan')):.2f} | {r.get('copy', float('nan')) / fused:.2f} |"
                 + (f" {r['norm_fused_other_grid']:.2f} |" if prod == "norm" else "")
             )
     return "\n".join(lines)
@@ -1035,12 +1049,7 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
-    half = producer_bytes(m, i) // 4  # bf16 elements: half the bytes read, half written
-    copies = [(torch.ones(half, device="cuda", dtype=DT),) for _ in range(n)]
-    copy_dst = torch.empty(half, device="cuda", dtype=DT)
-    t("copy_sm", lambda src: torch.neg(src, out=copy_dst), copies)  # a kernel on the SMs
-    t("copy_ce", lambda src: copy_dst.copy_(src), copies)  # a memcpy node (may run on a copy engine)
-    res["copy"] = min(res["copy_sm"], res["copy_ce"])
+    time_same_size_copy(t, res, producer_bytes(m, i), n)
     if liger is not None:
         t("liger", liger, halves)
         t("liger+quant", lambda a, b: tnq.quantize(liger(a, b), False), halves)
