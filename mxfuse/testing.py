@@ -2,6 +2,8 @@
 
 - `bitwise_equal` / `assert_bitwise`: same shape, dtype and bits (NaN payloads and the sign
   of zero included), the bar of every fused-vs-unfused check.
+- `poisoned_allocations()`: every `torch.empty` inside the block filled with 0xAB bytes, so an
+  output byte a kernel never writes shows (CPU checks, e.g. under Triton's interpreter).
 - `run_ranks(body, world)`: `body(rank, world, port, *args)` on `world` spawned processes
   (MASTER_ADDR/PORT set; the body sets up its own process group), results by rank; rank
   events streamed to the parent as they happen (the demo's progress lines). It waits as
@@ -16,7 +18,8 @@ import queue as queue_module
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -63,6 +66,27 @@ def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, what: str =
     nan = actual.isnan() & expected.isnan()
     assert_bitwise(torch.where(nan, 0, actual), torch.where(nan, 0, expected), what)
     assert torch.equal(actual.isnan(), expected.isnan()), what
+
+
+POISON_BYTE = 0xAB
+
+
+@contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Within the block `torch.empty` returns tensors filled with POISON_BYTE: where a kernel leaves an output
+    byte unwritten (a padding row, a tail) the comparison that follows sees 0xAB, not whatever memory held."""
+    empty = torch.empty
+
+    def poisoned(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(POISON_BYTE)
+        return t
+
+    torch.empty = poisoned
+    try:
+        yield
+    finally:
+        torch.empty = empty
 
 
 def free_port() -> int:

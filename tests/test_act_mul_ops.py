@@ -230,31 +230,23 @@ CHECK_KERNEL_LAYOUT = """
 import torch
 from mxfuse.ops import reference, triton_act_quant as taq
 from mxfuse.ops.triton_act_quant import ActMulConfig
+from mxfuse.testing import poisoned_allocations
 
-_empty = torch.empty
-
-
-def poisoned_empty(*args, **kwargs):  # every output byte a launch does not write stays 0xAB: the checks see it
-    t = _empty(*args, **kwargs)
-    t.view(torch.uint8).fill_(0xAB)
-    return t
-
-
-torch.empty = poisoned_empty
-g = torch.Generator().manual_seed(0)
-for m, i in ((130, 384), (37, 96)):  # 384: 128- and 256-column blocks divide I; 96: a masked tail block
-    x = torch.randn(m, 2 * i, generator=g).bfloat16()
-    gate, up = x[:, :i], x[:, i:]  # halves of one buffer: a row stride of 2I
-    configs = [taq.act_mul_config(m, i, 64), ActMulConfig(4, 128, 2, True), ActMulConfig(2, 512, 4)]
-    _, _, y = taq.act_mul(gate, up, "silu", quant=False)
-    for swizzled, rule in ((False, 0), (True, 1)):
-        want = reference.mxfp8_quantize(y, swizzled, rule)
-        for cfg in configs:
-            assert torch.equal(taq.act_mul(gate, up, "silu", quant=False, config=cfg)[2], y), cfg
-            codes, scales, fy = taq.act_mul(gate, up, "silu", swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
-            assert torch.equal(fy, y), cfg
-            assert torch.equal(scales, want[1]), (cfg, swizzled)
-            assert codes.shape == want[0].shape, cfg
+with poisoned_allocations():  # an output byte no program writes reads 0xAB
+    g = torch.Generator().manual_seed(0)
+    for m, i in ((130, 384), (37, 96)):  # 384: 128- and 256-column blocks divide I; 96: a masked tail block
+        x = torch.randn(m, 2 * i, generator=g).bfloat16()
+        gate, up = x[:, :i], x[:, i:]  # halves of one buffer: a row stride of 2I
+        configs = [taq.act_mul_config(m, i, 64), ActMulConfig(4, 128, 2, True), ActMulConfig(2, 512, 4)]
+        _, _, y = taq.act_mul(gate, up, "silu", quant=False)
+        for swizzled, rule in ((False, 0), (True, 1)):
+            want = reference.mxfp8_quantize(y, swizzled, rule)
+            for cfg in configs:
+                assert torch.equal(taq.act_mul(gate, up, "silu", quant=False, config=cfg)[2], y), cfg
+                codes, scales, fy = taq.act_mul(gate, up, "silu", swizzled=swizzled, emit_y=True, rule=rule, config=cfg)
+                assert torch.equal(fy, y), cfg
+                assert torch.equal(scales, want[1]), (cfg, swizzled)
+                assert codes.shape == want[0].shape, cfg
 print("ok")
 """
 

@@ -863,7 +863,10 @@ def gated_variants():
     reduction); "cv8": 8 codes a thread (9% more instructions); "v8": 8 values a thread (16 rows; 22% more
     instructions a value, 8 programs an SM), also row tiles first; the default in the other grid order is the gated
     section's own column. Run 16 (H100) timed these and "v32" (32 values a thread: 80 registers, slower everywhere;
-    run 17: "regs48", capped at 48 registers for 5 programs an SM, no faster and a spill on sm_100)."""
+    run 17: "regs48", capped at 48 registers for 5 programs an SM, no faster and a spill on sm_100). Run 18, for
+    decode sizes: the gate one row a program ("row1024": 1024 columns on 4 warps, "row256": 256 on 1 warp, 8 a
+    thread; "row128v4": 128 on 1 warp, 4 a thread), the norm one row on 1 warp ("bm1", 4 a thread) and 4 rows on 2
+    ("bm4", 8 a thread)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -891,8 +894,20 @@ def gated_variants():
 
         return pick
 
-    gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4)}
+    def one_row(cols: int, values: int):
+        """Decode sizes: one row a program, `cols` columns (at most the default's), `values` a thread."""
+
+        def pick(k, m):
+            bc = min(cols, tg.gate_config(k, m).block_cols)
+            return tg.GateConfig(1, bc, max(1, bc // (32 * values)), code_vector=8 if values < 16 else 16)
+
+        return pick
+
+    gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
+            "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4)}  # fmt: skip
     norm = {
+        "bm1": lambda group: tg.gated_norm_config(group)._replace(block_rows=1, num_warps=1, code_vector=8),
+        "bm4": lambda group: tg.gated_norm_config(group)._replace(block_rows=4, num_warps=2, code_vector=8),
         "nofence": norm_rows(1, load_fence=False),
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),

@@ -100,7 +100,7 @@ from mxfuse.ops.triton_mx_quant import (
     SCALE_PAD_ROWS,
     MxSpec,
     _mx_epilogue,
-    _zero_pad_scales,
+    _zero_pad_program,
     mx_dst,
     producer_outputs,
     row_stride,
@@ -338,9 +338,7 @@ def _act_mul_kernel(
     padding = pid >= n_tiles if MX.SWIZZLED else False
     if padding:
         WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
-        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, cb * WORDS,
-                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
-                         WORDS)  # fmt: skip
+        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
     else:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)

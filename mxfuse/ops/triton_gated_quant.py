@@ -76,7 +76,7 @@ from mxfuse.ops.triton_mx_quant import (
     MxSpec,
     _mx_epilogue,
     _store_scales,
-    _zero_pad_scales,
+    _zero_pad_program,
     mx_dst,
     producer_outputs,
     rule_name,
@@ -231,9 +231,7 @@ def _gate_kernel(
     padding = pid >= n_tiles if MX.SWIZZLED else False
     if padding:
         WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
-        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, cb * WORDS,
-                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
-                         WORDS)  # fmt: skip
+        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
     else:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
@@ -292,9 +290,7 @@ def _gated_norm_kernel(
     # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
     padding = pid >= n_tiles if MX.SWIZZLED else False
     if padding:
-        _zero_pad_scales(dst.sc_ptr, n_tiles * BM + (pid - n_tiles).to(tl.int64) * PAD_ROWS, group * PAD_WORDS,
-                         dst.scale_cols_padded // COLUMN_TILE, scale_rows, dst.scale_cols_padded, PAD_ROWS,
-                         PAD_WORDS)  # fmt: skip
+        _zero_pad_program(dst, pid, n_tiles, group * PAD_WORDS, scale_rows, BM, PAD_ROWS, PAD_WORDS)
     else:
         ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)

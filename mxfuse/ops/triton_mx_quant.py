@@ -260,19 +260,26 @@ SCALE_PAD_ROWS = 128
 
 
 @triton.jit
-def _zero_pad_scales(sc_ptr, first_row, word0, word_end, scale_rows, scale_cols_padded, ROWS: tl.constexpr,
-                     WORDS: tl.constexpr):  # fmt: skip
-    """Zero the F8_128x4 scales of padding rows `first_row ..` (ROWS of them, < scale_rows), words `word0 ..`
-    (WORDS of them, < word_end): rows no tile of real rows covers, so no program loads or computes for them.
-    A row's 4 scales of one column group are one aligned 32-bit word, stored as one (byte stores with their
-    offsets took a 1-warp program ~0.3 µs at M 1, run 13)."""
+def _zero_pad_scales(dst, first_row, word0, scale_rows, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """Zero the F8_128x4 scales (`dst.sc_ptr`) of padding rows `first_row ..` (ROWS of them, < scale_rows), words
+    `word0 ..` (WORDS of them, within the row): rows no tile of real rows covers, so no program loads or computes
+    for them. A row's 4 scales of one column group are one aligned 32-bit word, stored as one (byte stores with
+    their offsets took a 1-warp program ~0.3 µs at M 1, run 13)."""
     rows = first_row + tl.arange(0, ROWS)
     words = word0 + tl.arange(0, WORDS)
     r2 = rows[:, None]
     w2 = words[None, :]
-    off = _f8_128x4_offset(r2, w2, 0, scale_cols_padded, 4)
-    mask = (r2 < scale_rows) & (w2 < word_end)
-    tl.store(sc_ptr.to(tl.pointer_type(tl.int32)) + off, tl.zeros([ROWS, WORDS], tl.int32), mask=mask)
+    off = _f8_128x4_offset(r2, w2, 0, dst.scale_cols_padded, 4)
+    mask = (r2 < scale_rows) & (w2 < dst.scale_cols_padded // COLUMN_TILE)
+    tl.store(dst.sc_ptr.to(tl.pointer_type(tl.int32)) + off, tl.zeros([ROWS, WORDS], tl.int32), mask=mask)
+
+
+@triton.jit
+def _zero_pad_program(dst, pid, n_tiles, word0, scale_rows, BM: tl.constexpr, ROWS: tl.constexpr,
+                      WORDS: tl.constexpr):  # fmt: skip
+    """Program `pid` >= n_tiles of a producer's grid, whose first n_tiles row tiles of BM rows cover the M real
+    rows: the zero scales of the next ROWS padding rows, words `word0 ..` (WORDS of them)."""
+    _zero_pad_scales(dst, n_tiles * BM + (pid - n_tiles).to(tl.int64) * ROWS, word0, scale_rows, ROWS, WORDS)
 
 
 @triton.jit

@@ -126,7 +126,6 @@ from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_rows, padded_scale_
 from mxfuse.ops.norm_quant_config import PAD_ROWS, NormConfig, norm_config, row_chunks
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_mx_quant import (
-    COLUMN_TILE,
     MxSpec,
     _mx_epilogue,
     _zero_pad_scales,
@@ -222,15 +221,13 @@ def _norm_kernel(io, dst, M, scale_rows, n_tiles, K, eps, weight_offset, F: tl.c
             _norm_tile(t, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
         if F.PAD_FILL:
             for p in range(pid, tl.cdiv(scale_rows - M, PAD_ROWS), tl.num_programs(0)):
-                _zero_pad_scales(dst.sc_ptr, M + p.to(tl.int64) * PAD_ROWS, 0, dst.scale_cols_padded // COLUMN_TILE,
-                                 scale_rows, dst.scale_cols_padded, PAD_ROWS, PAD_WORDS)  # fmt: skip
+                _zero_pad_scales(dst, M + p.to(tl.int64) * PAD_ROWS, 0, scale_rows, PAD_ROWS, PAD_WORDS)
     elif not F.PAD_FILL or pid < n_tiles:  # the constexpr True without PAD_FILL: no branch
         cols, w = _load_weight(io.w_ptr, K, weight_offset, NCH, CH, UNPACK, ISA)
         _norm_tile(pid, part, cols, w, io, dst, M, stored_scale_rows, K, eps, F, MX)
     else:
         p = (pid - n_tiles) * F.SPLIT + part
-        _zero_pad_scales(dst.sc_ptr, M + p.to(tl.int64) * PAD_ROWS, 0, dst.scale_cols_padded // COLUMN_TILE,
-                         scale_rows, dst.scale_cols_padded, PAD_ROWS, PAD_WORDS)  # fmt: skip
+        _zero_pad_scales(dst, M + p.to(tl.int64) * PAD_ROWS, 0, scale_rows, PAD_ROWS, PAD_WORDS)
 
 
 # --------------------------------------------------------------------------- launchers
