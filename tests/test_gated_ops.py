@@ -323,7 +323,8 @@ def test_kernels_write_every_scale_byte_where_the_layout_puts_it():
 
 def test_launch_shape_defaults_and_checks():
     """`config=None` is the dispatch's shape (the gate: the quant kernel's tile, cut to 8 values a thread where
-    the act·mul takes 8; the norm: a function of G alone); a given config
+    the act·mul takes 8; the norm: a function of G; both one row on one warp up to 8 such programs an SM); a
+    given config
     reaches the launch (tile, warps, code layout, the register cap and PDL on NVIDIA only); a shape Triton
     cannot lay out is one clear error."""
     from mxfuse.ops import triton_gated_quant as tg
@@ -333,7 +334,16 @@ def test_launch_shape_defaults_and_checks():
         return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
 
     h100 = 3.35e12  # 25 GB/s an SM: 8 values a thread at large M, as the act·mul
-    rows = ((1, 4096, 1, 1), (2, 2048, 1, 1), (64, 2048, 2, 2), (1024, 2048, 2, 2), (1024, 4096, 4, 2),
+    decode = tg.GateConfig(1, 128, 1, 8)  # one row of 128 values on one warp
+    for m, k in ((1, 4096), (1, 96), (16, 8192), (33, 4096), (256, 512), (1056, 128)):  # <= 8 programs an SM
+        assert tg.gate_config(k, m) == decode == tg.gate_config(k, m, dram=h100), (m, k)
+        assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
+    assert tg.gate_config(4096, 33, sms=64) != decode  # the rule counts this GPU's SMs
+    assert tg.gated_norm_config(256, 1, 4096) == tg.GatedNormConfig(1, 1, 8, groups_first=True)
+    assert tg.gated_norm_config(512, 1, 4096) == tg.GatedNormConfig(1, 2, 8, groups_first=True)
+    la = tg.gated_norm_launch(meta(1, 8192), meta(1, 8192), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]
+    assert (la.grid, la.constexprs["BM"], la.num_warps) == ((64, 1), 1, 1)
+    rows = ((1056, 1024, 2, 2), (1024, 2048, 2, 2), (1024, 4096, 4, 2),
             (4096, 4096, 4, 2), (16384, 96, 16, 16), (65536, 96, 32, 16))  # fmt: skip
     for m, k, h200_rows, h100_rows in rows:
         q = quant_config(k, m)
@@ -343,6 +353,7 @@ def test_launch_shape_defaults_and_checks():
         same = tg.gate_launch(meta(m, k), meta(m, k), quant=True, isa="ptx", config=tg.gate_config(k, m))[1]
         assert (default.grid, default.constexprs, default.num_warps) == (same.grid, same.constexprs, same.num_warps)
     default = tg.gated_norm_config(128)
+    assert default == tg.gated_norm_config(128, 4096, 2048) == tg.gated_norm_config(128, 1057, 1024)
     assert default == tg.GatedNormConfig(*tg.gated_norm_tile(128)[1:], 16, groups_first=True)
     assert (default.block_rows, default.num_warps, default.code_vector, default.load_fence) == (32, 8, 16, True)
     la = tg.gated_norm_launch(meta(300, 2048), meta(300, 2048), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]

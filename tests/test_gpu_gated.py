@@ -187,9 +187,9 @@ def gate_shapes(k: int) -> set:
 
 
 def norm_shapes(group: int) -> set:
-    """The gated norm's default (a function of G) and the benchmark's candidates (`gated_variants`), its other
-    grid order, twice the warps, a quarter of the rows on half the warps, and twice the rows (32 values a
-    thread)."""
+    """The gated norm's defaults (beyond decode sizes and at them) and the benchmark's candidates
+    (`gated_variants`), its other grid order, twice the warps, a quarter of the rows on half the warps, and twice
+    the rows (32 values a thread)."""
     from mxfuse.ops.triton_gated_quant import gated_norm_config
 
     _, norm_variants = bench_variants()
@@ -197,6 +197,7 @@ def norm_shapes(group: int) -> set:
     out = {d, d._replace(groups_first=not d.groups_first), d._replace(block_rows=2 * d.block_rows)}
     out |= {d._replace(num_warps=min(16, 2 * d.num_warps), code_vector=8)}
     out |= {d._replace(block_rows=max(1, d.block_rows // 4), num_warps=max(1, d.num_warps // 2))}
+    out.add(gated_norm_config(group, 1, group))
     return out | {pick(group) for pick in norm_variants.values()}
 
 

@@ -415,7 +415,13 @@ def bench_pdl_gated(pairs, ms, log=print):
             producers = {
                 "gate": lambda d, p: tg.sigmoid_gate(d[0], d[1], quant=True, config=gate_cfg._replace(pdl=p)),
                 "gated norm": lambda d, p: tg.gated_rms_norm(
-                    d[0], d[1], d[2], 1e-6, 128, quant=True, config=tg.gated_norm_config(128)._replace(pdl=p)
+                    d[0],
+                    d[1],
+                    d[2],
+                    1e-6,
+                    128,
+                    quant=True,
+                    config=tg.gated_norm_config(128, m, k, sm_count(dev))._replace(pdl=p),
                 ),
             }
             gemm_cfg = triton_gemm.gemm_config(m, n, k)

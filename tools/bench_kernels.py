@@ -796,20 +796,19 @@ def bench_gated_point(k, m, compiled=None, log=print):
     t("norm_unfused", lambda x, z: ops.mxfp8_quantize(ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP)))
     t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
     from mxfuse.ops import triton_gated_quant as tg  # the default in the other grid order (groups / row tiles first)
-
-    flipped = tg.gated_norm_config(GATED_GROUP)
-    flipped = flipped._replace(groups_first=not flipped.groups_first)
-    t("norm_fused_other_grid", lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=flipped))
-    gate_variants, norm_variants = gated_variants()
     from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
 
     dev = torch.device("cuda")
+    norm_default = tg.gated_norm_config(GATED_GROUP, m, k, sm_count(dev))  # this GPU's, at this (M, K)
+    flipped = norm_default._replace(groups_first=not norm_default.groups_first)
+    t("norm_fused_other_grid", lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=flipped))
+    gate_variants, norm_variants = gated_variants()
     res["gate_default_cfg"] = list(tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))[:3])  # this GPU's
     for name, pick in gate_variants.items():
         cfg = pick(k, m)
         res[f"gate_cfg:{name}"] = list(cfg)
         t(f"gate_v:{name}", lambda x, g, c=cfg: tg.sigmoid_gate(x, g, quant=True, config=c))
-    res["norm_default_cfg"] = list(tg.gated_norm_config(GATED_GROUP)[:2])
+    res["norm_default_cfg"] = list(norm_default[:2])
     for name, pick in norm_variants.items():
         cfg = pick(GATED_GROUP)
         res[f"norm_cfg:{name}"] = list(cfg)

@@ -232,7 +232,8 @@ def gated_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         for name, pick in {"default": tg.gate_config, **gate_variants}.items():
             _, launch = tg.gate_launch(_meta(m, k), _meta(m, k), quant=True, isa=isa, config=pick(k, m))
             cases.append(Case(f"gate {name} K{k} M{m}", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
-    for name, pick in {"default": tg.gated_norm_config, **norm_variants}.items():
+    decode = {"default M1": lambda g: tg.gated_norm_config(g, 1, k)}
+    for name, pick in {"default": tg.gated_norm_config, **decode, **norm_variants}.items():
         _, launch = tg.gated_norm_launch(_meta(4096, k), _meta(4096, k), _meta(group), 1e-6, group, quant=True, isa=isa,
                                          config=pick(group))  # fmt: skip
         values = launch.constexprs["BM"] * launch.constexprs["GP"]

@@ -334,12 +334,10 @@ def _act_mul_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
-    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
-    padding = pid >= n_tiles if MX.SWIZZLED else False
-    if padding:
-        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
-        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
-    else:
+    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
+    # the programs of padding rows (no loads)
+    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    if real_rows:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
         r2 = rows[:, None]
@@ -359,6 +357,9 @@ def _act_mul_kernel(
             _mx_epilogue(y, y_out, rows, cols, mask, cb * (BC // 32), I, dst, scale_rows, BM, BC, MX)
         else:
             tl.store(dst.y_ptr + r2 * I + c2, y.to(dtype), mask=mask)
+    else:
+        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
+        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
 
 
 def act_mul_launch(

@@ -116,6 +116,12 @@ MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
 GATE_SMALL_VALUES = 8
 """The gate's values a thread where `values_per_thread` takes the fewer (its tile otherwise holds 16)."""
+DECODE_PROGRAMS_PER_SM = 8
+"""Up to this many one-warp programs an SM, both gated producers run one row (a 128-value block of it for the gate,
+a group for the norm) on one warp a program: at decode sizes a launch's time is one program's dependent chain, and
+the shortest chain is the smallest tile. H100 (run 18), gate: 0.04-0.26 µs faster at M 1-16 (K 8192 M 16: 2.44
+against 2.70), slower from M x K / 128 = 2048 programs (K 4096 M 64: 2.95 against 2.80); the gated norm likewise
+(K 8192 M 1: 2.08 against 2.24; K 4096 M 64: 3.05 against 2.94)."""
 
 
 class GateConfig(NamedTuple):
@@ -136,8 +142,8 @@ class GateConfig(NamedTuple):
 
 class GatedNormConfig(NamedTuple):
     """Launch shape of the gated norm: rows per program and warps (a group's GP columns are fixed by G).
-    The pairwise tree sums in the same order for any, so any computes the same bits; the default is
-    still a function of G alone."""
+    The pairwise tree sums in the same order for any, so any computes the same bits (batch invariance holds
+    whatever the dispatch picks for M)."""
 
     block_rows: int
     num_warps: int
@@ -166,7 +172,10 @@ def gate_config(k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DR
     thread), its rows cut to 8 values a thread where the act·mul takes 8 (`values_per_thread`: while the
     launch fits in the SMs' resident threads at 8, and at large M on a memory below 30 GB/s an SM).
     H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
-    M 4096-16384 (docs/perf_notes.md, run 15). The gate is elementwise: any tile gives the same bits."""
+    M 4096-16384 (docs/perf_notes.md, run 15). At decode sizes (`DECODE_PROGRAMS_PER_SM`) one row of 128
+    columns on one warp, 4 values a thread. The gate is elementwise: any tile gives the same bits."""
+    if m * triton.cdiv(k, MIN_GROUP_TILE) <= DECODE_PROGRAMS_PER_SM * sms:
+        return GateConfig(1, MIN_GROUP_TILE, 1, code_vector=8)
     cfg = quant_config(k, m)
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
     rows = cfg.block_rows
@@ -227,12 +236,10 @@ def _gate_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(0)
     cb = tl.program_id(1)
-    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
-    padding = pid >= n_tiles if MX.SWIZZLED else False
-    if padding:
-        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
-        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
-    else:
+    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
+    # the programs of padding rows (no loads)
+    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    if real_rows:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
         mask = (rows < M)[:, None] & (cols < K)[None, :]
@@ -248,6 +255,9 @@ def _gate_kernel(
             _mx_epilogue(yf, y, rows, cols, mask, cb * (BC // 32), K, dst, scale_rows, BM, BC, MX)
         else:
             tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+    else:
+        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
+        _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
 
 
 @triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
@@ -287,11 +297,10 @@ def _gated_norm_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     group = tl.program_id(1 - ROW_AXIS)
-    # a program of padding rows (no loads): swizzled scales only, a runtime branch there alone
-    padding = pid >= n_tiles if MX.SWIZZLED else False
-    if padding:
-        _zero_pad_program(dst, pid, n_tiles, group * PAD_WORDS, scale_rows, BM, PAD_ROWS, PAD_WORDS)
-    else:
+    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
+    # the programs of padding rows (no loads)
+    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    if real_rows:
         ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         j = tl.arange(0, GP)
@@ -342,6 +351,8 @@ def _gated_norm_kernel(
                     zeros = tl.zeros([BM, 4], dtype=tl.int32)
                     _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
                                   dst.stride_s, True, "tl_store", ISA)  # fmt: skip
+    else:
+        _zero_pad_program(dst, pid, n_tiles, group * PAD_WORDS, scale_rows, BM, PAD_ROWS, PAD_WORDS)
 
 
 # --------------------------------------------------------------------------- launches
@@ -416,19 +427,24 @@ def _dst(x: torch.Tensor, outputs: tuple, k: int) -> MxDst:
 
 
 def gated_norm_tile(group_size: int) -> tuple[int, int, int]:
-    """(GP, BM, num_warps) of the gated norm for a group size: a function of G alone (batch invariant)."""
+    """(GP, BM, num_warps) of the gated norm's tile for a group size beyond decode sizes."""
     gp = max(MIN_GROUP_TILE, next_pow2(group_size))
     bm = max(1, TILE_VALUES // gp)
     return gp, bm, max(4, min(16, bm * gp // 512))
 
 
-def gated_norm_config(group_size: int) -> GatedNormConfig:
+def gated_norm_config(group_size: int, m: int | None = None, k: int | None = None, sms: int = NOMINAL_SMS
+                      ) -> GatedNormConfig:  # fmt: skip
     """The gated norm's default launch shape: :func:`gated_norm_tile`'s rows and warps (16 values a thread),
     16 codes a thread (one 16-byte code store, half a block a thread; 8% fewer instructions than 8 codes),
     the load barrier, groups first. 57-59 registers on sm_90 and sm_100 (the barrier holds z and w across x's
     reduction; 40 without it). H100, G 128, K 2048 / 4096: 2.16-2.20 µs at M 1 against 2.54-2.59 before, 3-4%
-    faster than row tiles first at M 16384, 87% / 93% of the copy at M 4096 (docs/perf_notes.md, run 16)."""
-    _, bm, warps = gated_norm_tile(group_size)
+    faster than row tiles first at M 16384, 87% / 93% of the copy at M 4096 (docs/perf_notes.md, run 16).
+    Given M and K, at decode sizes (`DECODE_PROGRAMS_PER_SM`) one row a program on one warp (two from GP 512),
+    8 codes a thread. The pairwise sum adds in the same order in every tile, so the rule keeps the bits."""
+    gp, bm, warps = gated_norm_tile(group_size)
+    if m is not None and k is not None and m * (k // group_size) <= DECODE_PROGRAMS_PER_SM * sms:
+        return GatedNormConfig(1, max(1, gp // 256), code_vector=8, groups_first=True)
     return GatedNormConfig(bm, warps, code_vector=16, groups_first=True)
 
 
@@ -451,7 +467,7 @@ def gated_norm_launch(
     config: GatedNormConfig | None = None,
 ) -> tuple[tuple, KernelLaunch | None]:
     """`((codes, scales, y), launch)` of the gated-norm kernel, not run (quant False: codes / scales None).
-    `config`: the launch shape (default `gated_norm_config(group_size)`)."""
+    `config`: the launch shape (default `gated_norm_config(group_size, M, K, SMs)`)."""
     swizzled = bool(quant and swizzled)
     outputs, scale_rows = producer_outputs(
         "triton_gated_quant", ("x", x), ("z", z), quant=quant, swizzled=swizzled, emit_y=emit_y
@@ -466,7 +482,7 @@ def gated_norm_launch(
     if scale_rows == 0:
         return outputs, None
     gp = gated_norm_tile(group_size)[0]
-    cfg_n = config or gated_norm_config(group_size)
+    cfg_n = config or gated_norm_config(group_size, m, k, sm_count(x.device))
     _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
     hints = launch_hints(isa, cfg_n.pdl, cfg_n.max_registers)
