@@ -339,8 +339,8 @@ def test_launch_shape_defaults_and_checks():
         assert tg.gate_config(k, m) == decode == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
     assert tg.gate_config(4096, 33, sms=64) != decode  # the rule counts this GPU's SMs
-    assert tg.gated_norm_config(256, 1, 4096) == tg.GatedNormConfig(1, 1, 8, groups_first=True)
-    assert tg.gated_norm_config(512, 1, 4096) == tg.GatedNormConfig(1, 2, 8, groups_first=True)
+    assert tg.gated_norm_config(256, 1, 4096) == tg.GatedNormConfig(1, 2, 8, groups_first=True)  # 4 a thread
+    assert tg.gated_norm_config(6144, 1, 6144) == tg.gated_norm_config(6144)  # wide groups: the default tile
     la = tg.gated_norm_launch(meta(1, 8192), meta(1, 8192), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]
     assert (la.grid, la.constexprs["BM"], la.num_warps) == ((64, 1), 1, 1)
     rows = ((1056, 1024, 2, 2), (1024, 2048, 2, 2), (1024, 4096, 4, 2),

@@ -116,6 +116,10 @@ MAX_GRID_Y = 65535
 """CUDA's limit on a grid's second axis (a groups-first grid puts the row tiles there)."""
 GATE_SMALL_VALUES = 8
 """The gate's values a thread where `values_per_thread` takes the fewer (its tile otherwise holds 16)."""
+DECODE_MAX_GROUP_TILE = 512
+"""The gated norm's decode tile (one row, 4 values a thread) for groups padded to at most this; wider groups keep
+the default tile (already one row from 4096 lanes; a whole-row group of 6144 at 4 a thread would need 16 warps, and
+at 8 codes a thread it takes scratch on sm_100)."""
 DECODE_PROGRAMS_PER_SM = 8
 """Up to this many one-warp programs an SM, both gated producers run one row (a 128-value block of it for the gate,
 a group for the norm) on one warp a program: at decode sizes a launch's time is one program's dependent chain, and
@@ -440,11 +444,13 @@ def gated_norm_config(group_size: int, m: int | None = None, k: int | None = Non
     the load barrier, groups first. 57-59 registers on sm_90 and sm_100 (the barrier holds z and w across x's
     reduction; 40 without it). H100, G 128, K 2048 / 4096: 2.16-2.20 µs at M 1 against 2.54-2.59 before, 3-4%
     faster than row tiles first at M 16384, 87% / 93% of the copy at M 4096 (docs/perf_notes.md, run 16).
-    Given M and K, at decode sizes (`DECODE_PROGRAMS_PER_SM`) one row a program on one warp (two from GP 512),
-    8 codes a thread. The pairwise sum adds in the same order in every tile, so the rule keeps the bits."""
+    Given M and K, at decode sizes (`DECODE_PROGRAMS_PER_SM`) and for groups up to `DECODE_MAX_GROUP_TILE`, one
+    row a program at 4 values a thread (one warp for groups of 128), 8 codes a thread. The pairwise sum adds in
+    the same order in every tile, so the rule keeps the bits."""
     gp, bm, warps = gated_norm_tile(group_size)
-    if m is not None and k is not None and m * (k // group_size) <= DECODE_PROGRAMS_PER_SM * sms:
-        return GatedNormConfig(1, max(1, gp // 256), code_vector=8, groups_first=True)
+    decode = m is not None and k is not None and m * (k // group_size) <= DECODE_PROGRAMS_PER_SM * sms
+    if decode and gp <= DECODE_MAX_GROUP_TILE:
+        return GatedNormConfig(1, gp // MIN_GROUP_TILE, code_vector=8, groups_first=True)
     return GatedNormConfig(bm, warps, code_vector=16, groups_first=True)
 
 
