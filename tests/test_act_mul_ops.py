@@ -234,7 +234,8 @@ from mxfuse.testing import poisoned_allocations
 
 with poisoned_allocations():  # an output byte no program writes reads 0xAB
     g = torch.Generator().manual_seed(0)
-    for m, i in ((130, 384), (37, 96)):  # 384: 128- and 256-column blocks divide I; 96: a masked tail block
+    # 384: 128- and 256-column blocks divide I; 96: a masked tail block; M 128: no padding rows
+    for m, i in ((130, 384), (37, 96), (128, 128)):
         x = torch.randn(m, 2 * i, generator=g).bfloat16()
         gate, up = x[:, :i], x[:, i:]  # halves of one buffer: a row stride of 2I
         configs = [taq.act_mul_config(m, i, 64), ActMulConfig(4, 128, 2, True), ActMulConfig(2, 512, 4)]

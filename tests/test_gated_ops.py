@@ -278,29 +278,29 @@ from mxfuse.testing import poisoned_allocations
 
 with poisoned_allocations():  # an output byte no program writes reads 0xAB
     g = torch.Generator().manual_seed(0)
-    for m in (130,):  # two row tiles of F8_128x4, the second mostly padding
-        for k, group, full in ((384, 128, True), (288, 96, False)):  # 288: a masked tail tile
-            x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
-            w = torch.randn(k if full else group, generator=g).bfloat16()
-            _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
-            _, _, gy = tg.sigmoid_gate(x, z, quant=False)
-            for swizzled, rule in ((False, 0), (True, 1)):
-                want = reference.mxfp8_quantize(y, swizzled, rule)
-                codes = None
-                for cfg in (None, tg.GatedNormConfig(1, 1), tg.GatedNormConfig(4, 2, 16)):  # other launch shapes
-                    c, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
-                                                      rule=rule, config=cfg)  # fmt: skip
-                    assert torch.equal(fy, y) and torch.equal(scales, want[1]), cfg
-                    codes = c if codes is None else codes
-                    assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
-                want = reference.mxfp8_quantize(gy, swizzled, rule)
-                codes = None
-                for cfg in (None, tg.GateConfig(2, 128, 1), tg.GateConfig(8, 128, 2, 8)):
-                    c, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule,
-                                                    config=cfg)
-                    assert torch.equal(fy, gy) and torch.equal(scales, want[1]), cfg
-                    codes = c if codes is None else codes
-                    assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
+    # M 130: two row tiles of F8_128x4, the second mostly padding; K 288: a masked tail tile; M 128: no padding rows
+    for m, k, group, full in ((130, 384, 128, True), (130, 288, 96, False), (128, 128, 128, True)):
+        x, z = (torch.randn(m, k, generator=g).bfloat16() for _ in range(2))
+        w = torch.randn(k if full else group, generator=g).bfloat16()
+        _, _, y = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=False)
+        _, _, gy = tg.sigmoid_gate(x, z, quant=False)
+        for swizzled, rule in ((False, 0), (True, 1)):
+            want = reference.mxfp8_quantize(y, swizzled, rule)
+            codes = None
+            for cfg in (None, tg.GatedNormConfig(1, 1), tg.GatedNormConfig(4, 2, 16)):  # other launch shapes
+                c, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
+                                                  rule=rule, config=cfg)  # fmt: skip
+                assert torch.equal(fy, y) and torch.equal(scales, want[1]), cfg
+                codes = c if codes is None else codes
+                assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
+            want = reference.mxfp8_quantize(gy, swizzled, rule)
+            codes = None
+            for cfg in (None, tg.GateConfig(2, 128, 1), tg.GateConfig(8, 128, 2, 8)):
+                c, scales, fy = tg.sigmoid_gate(x, z, quant=True, swizzled=swizzled, emit_y=True, rule=rule,
+                                                config=cfg)
+                assert torch.equal(fy, gy) and torch.equal(scales, want[1]), cfg
+                codes = c if codes is None else codes
+                assert torch.equal(c.view(torch.uint8), codes.view(torch.uint8)), cfg
 print("ok")
 """
 

@@ -324,6 +324,7 @@ def _act_mul_kernel(
     BC: tl.constexpr,
     ROW_AXIS: tl.constexpr,
     PAD_ROWS: tl.constexpr,
+    PAD_PROGRAMS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
     WIDEN: tl.constexpr,
@@ -334,9 +335,9 @@ def _act_mul_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
-    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
-    # the programs of padding rows (no loads)
-    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    # tiles of real rows first (the fall-through path ptxas lays out first), then the programs of padding rows
+    # (no loads) where the launch has any (swizzled scales, rows past the tiles); else a constant condition
+    real_rows = pid < n_tiles if PAD_PROGRAMS else True
     if real_rows:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
@@ -417,6 +418,7 @@ def act_mul_launch(
         BC=cfg.block_cols,
         ROW_AXIS=row_axis,
         PAD_ROWS=SCALE_PAD_ROWS,
+        PAD_PROGRAMS=n_pad > 0,
         MX=spec,
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",

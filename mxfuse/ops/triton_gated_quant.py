@@ -231,6 +231,7 @@ def _gate_kernel(
     BM: tl.constexpr,
     BC: tl.constexpr,
     PAD_ROWS: tl.constexpr,
+    PAD_PROGRAMS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -240,9 +241,9 @@ def _gate_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(0)
     cb = tl.program_id(1)
-    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
-    # the programs of padding rows (no loads)
-    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    # tiles of real rows first (the fall-through path ptxas lays out first), then the programs of padding rows
+    # (no loads) where the launch has any (swizzled scales, rows past the tiles); else a constant condition
+    real_rows = pid < n_tiles if PAD_PROGRAMS else True
     if real_rows:
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         cols = cb * BC + tl.arange(0, BC)
@@ -289,6 +290,7 @@ def _gated_norm_kernel(
     BM: tl.constexpr,
     ROW_AXIS: tl.constexpr,
     PAD_ROWS: tl.constexpr,
+    PAD_PROGRAMS: tl.constexpr,
     PAD_WORDS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
@@ -301,9 +303,9 @@ def _gated_norm_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     group = tl.program_id(1 - ROW_AXIS)
-    # tiles of real rows first (the fall-through path ptxas lays out first), then, with swizzled scales only,
-    # the programs of padding rows (no loads)
-    real_rows = pid < n_tiles if MX.SWIZZLED else True
+    # tiles of real rows first (the fall-through path ptxas lays out first), then the programs of padding rows
+    # (no loads) where the launch has any (swizzled scales, rows past the tiles); else a constant condition
+    real_rows = pid < n_tiles if PAD_PROGRAMS else True
     if real_rows:
         ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
         rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
@@ -402,6 +404,7 @@ def gate_launch(
         BM=cfg.block_rows,
         BC=cfg.block_cols,
         PAD_ROWS=SCALE_PAD_ROWS,
+        PAD_PROGRAMS=n_pad > 0,
         MX=spec,
         MATH=math_of(x.device, isa),
         PDL=hints.pdl,
@@ -513,6 +516,7 @@ def gated_norm_launch(
         BM=bm,
         ROW_AXIS=row_axis,
         PAD_ROWS=SCALE_PAD_ROWS,
+        PAD_PROGRAMS=n_pad > 0,
         PAD_WORDS=next_pow2(triton.cdiv(padded_scale_columns(k) // SWIZZLE_COLUMN_TILE, groups)),
         MX=spec,
         MATH=math_of(x.device, isa),
