@@ -412,16 +412,11 @@ def bench_pdl_gated(pairs, ms, log=print):
         for m in ms:
             sets = pair_input_sets(m, k, n, weight_len=128)
             gate_cfg = tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))
+            norm_cfg = tg.gated_norm_config(128, m, k, sm_count(dev))
             producers = {
                 "gate": lambda d, p: tg.sigmoid_gate(d[0], d[1], quant=True, config=gate_cfg._replace(pdl=p)),
                 "gated norm": lambda d, p: tg.gated_rms_norm(
-                    d[0],
-                    d[1],
-                    d[2],
-                    1e-6,
-                    128,
-                    quant=True,
-                    config=tg.gated_norm_config(128, m, k, sm_count(dev))._replace(pdl=p),
+                    d[0], d[1], d[2], 1e-6, 128, quant=True, config=norm_cfg._replace(pdl=p)
                 ),
             }
             gemm_cfg = triton_gemm.gemm_config(m, n, k)

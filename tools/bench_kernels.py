@@ -869,12 +869,13 @@ def gated_variants():
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
-        """The default's columns, rows up to `values` a thread on `warps` warps (fewer at small M)."""
+        """The quant tile's columns (the default's beyond decode sizes), rows up to `values` a thread on `warps`
+        warps (fewer at small M)."""
 
         def pick(k, m):
-            d = tg.gate_config(k, m)  # its columns: the same on every GPU
-            bm = max(1, min(triton.next_power_of_2(max(1, m)), values * 32 * warps // d.block_cols))
-            return tg.GateConfig(bm, d.block_cols, max(1, min(warps, bm * d.block_cols // (32 * values))), **fields)
+            bc = quant_config(k, m).block_cols  # not gate_config's: its decode tile would narrow every variant
+            bm = max(1, min(triton.next_power_of_2(max(1, m)), values * 32 * warps // bc))
+            return tg.GateConfig(bm, bc, max(1, min(warps, bm * bc // (32 * values))), **fields)
 
         return pick
 
@@ -894,10 +895,10 @@ def gated_variants():
         return pick
 
     def one_row(cols: int, values: int):
-        """Decode sizes: one row a program, `cols` columns (at most the default's), `values` a thread."""
+        """Decode sizes: one row a program, `cols` columns (at most the quant tile's), `values` a thread."""
 
         def pick(k, m):
-            bc = min(cols, tg.gate_config(k, m).block_cols)
+            bc = min(cols, quant_config(k, m).block_cols)
             return tg.GateConfig(1, bc, max(1, bc // (32 * values)), code_vector=8 if values < 16 else 16)
 
         return pick

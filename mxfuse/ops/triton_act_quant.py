@@ -102,6 +102,7 @@ from mxfuse.ops.triton_mx_quant import (
     _mx_epilogue,
     _zero_pad_program,
     mx_dst,
+    pad_programs,
     producer_outputs,
     row_stride,
     rule_name,
@@ -399,8 +400,7 @@ def act_mul_launch(
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
-    n_tiles = triton.cdiv(m, cfg.block_rows)
-    n_pad = triton.cdiv(scale_rows - n_tiles * cfg.block_rows, SCALE_PAD_ROWS) if swizzled else 0
+    n_tiles, n_pad = pad_programs(m, scale_rows, cfg.block_rows, swizzled)
     row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
     grid = [n_tiles + n_pad, triton.cdiv(i, cfg.block_cols)]
     if row_axis:

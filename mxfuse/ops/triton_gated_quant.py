@@ -78,6 +78,7 @@ from mxfuse.ops.triton_mx_quant import (
     _store_scales,
     _zero_pad_program,
     mx_dst,
+    pad_programs,
     producer_outputs,
     rule_name,
 )
@@ -390,7 +391,7 @@ def gate_launch(
     cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
-    n_tiles, n_pad = _row_tiles(m, scale_rows, cfg.block_rows, swizzled)
+    n_tiles, n_pad = pad_programs(m, scale_rows, cfg.block_rows, swizzled)
     grid = (n_tiles + n_pad, triton.cdiv(k, cfg.block_cols))
     dst = _dst(x, outputs, k)
     args = (x, gate, dst, m, scale_rows, n_tiles, k, x.stride(0) if m > 1 else k, gate.stride(0) if m > 1 else k)
@@ -411,13 +412,6 @@ def gate_launch(
     )
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
                                  pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
-
-
-def _row_tiles(m: int, scale_rows: int, block_rows: int, swizzled: bool) -> tuple[int, int]:
-    """(tiles of the M real rows, programs that only zero the swizzled scales of the padding rows after them):
-    computing the padding rows as rows of zeros took a decode launch up to 0.85 µs more at K 8192 (H100, run 17)."""
-    n_tiles = triton.cdiv(m, block_rows)
-    return n_tiles, triton.cdiv(max(0, scale_rows - n_tiles * block_rows), SCALE_PAD_ROWS) if swizzled else 0
 
 
 def _paired(quant_ops: str) -> str:
@@ -495,7 +489,7 @@ def gated_norm_launch(
     _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
     hints = launch_hints(isa, cfg_n.pdl, cfg_n.max_registers)
-    n_tiles, n_pad = _row_tiles(m, scale_rows, bm, swizzled)
+    n_tiles, n_pad = pad_programs(m, scale_rows, bm, swizzled)
     row_tiles, groups = n_tiles + n_pad, k // group_size
     row_axis = 1 if cfg_n.groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)

@@ -259,6 +259,14 @@ SCALE_PAD_ROWS = 128
 """Rows of swizzled-scale padding one padding program of a producer zeroes (the act·mul's and the gated ones')."""
 
 
+def pad_programs(m: int, scale_rows: int, block_rows: int, swizzled: bool) -> tuple[int, int]:
+    """A producer grid's (row tiles of the M real rows, programs after them that only zero the swizzled scales of
+    the padding rows, SCALE_PAD_ROWS each): computing the padding rows as rows of zeros took a decode launch up to
+    0.85 µs more at K 8192 (H100, docs/perf_notes.md run 17)."""
+    n_tiles = triton.cdiv(m, block_rows)
+    return n_tiles, triton.cdiv(max(0, scale_rows - n_tiles * block_rows), SCALE_PAD_ROWS) if swizzled else 0
+
+
 @triton.jit
 def _zero_pad_scales(dst, first_row, word0, scale_rows, ROWS: tl.constexpr, WORDS: tl.constexpr):
     """Zero the F8_128x4 scales (`dst.sc_ptr`) of padding rows `first_row ..` (ROWS of them, < scale_rows), words
