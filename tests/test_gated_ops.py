@@ -287,8 +287,7 @@ with poisoned_allocations():  # an output byte no program writes reads 0xAB
         for swizzled, rule in ((False, 0), (True, 1)):
             want = reference.mxfp8_quantize(y, swizzled, rule)
             codes = None
-            for cfg in (None, tg.GatedNormConfig(1, 1), tg.GatedNormConfig(4, 2, 16),  # other launch shapes
-                        tg.GatedNormConfig(4, 2, row_tiles=4)):  # 4 row tiles a program
+            for cfg in (None, tg.GatedNormConfig(1, 1), tg.GatedNormConfig(4, 2, 16)):  # other launch shapes
                 c, scales, fy = tg.gated_rms_norm(x, z, w, 1e-6, group, quant=True, swizzled=swizzled, emit_y=True,
                                                   rule=rule, config=cfg)  # fmt: skip
                 assert torch.equal(fy, y) and torch.equal(scales, want[1]), cfg

@@ -912,9 +912,6 @@ def gated_variants():
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),
         "rows-first v8": norm_rows(2, code_vector=8, groups_first=False),
-        "2x32": norm_rows(1, row_tiles=2),
-        "2x16": norm_rows(2, row_tiles=2),
-        "4x16": norm_rows(2, row_tiles=4),
     }
     return gate, norm
 

@@ -163,9 +163,6 @@ class GatedNormConfig(NamedTuple):
     groups_first: bool = False
     """Consecutive programs take the groups of one row tile (reading the rows' K contiguous values between them),
     else the row tiles of one group."""
-    row_tiles: int = 1
-    """Row tiles of `block_rows` a program carries, one after the other, the next tile's loads issued before the
-    current one's reduction (the barrier of `load_fence` keeps them there)."""
 
 
 def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> None:
@@ -292,7 +289,6 @@ def _gated_norm_kernel(
     ROUND_WEIGHTED: tl.constexpr,
     QUANT: tl.constexpr,
     BM: tl.constexpr,
-    TILES: tl.constexpr,
     ROW_AXIS: tl.constexpr,
     PAD_ROWS: tl.constexpr,
     PAD_PROGRAMS: tl.constexpr,
@@ -302,8 +298,8 @@ def _gated_norm_kernel(
     LOAD_FENCE: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
-    """The gated RMSNorm of TILES row tiles of BM rows, `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)`
-    (G values, padded to GP lanes); programs past `n_tiles` (swizzled layout only) zero the scales of padding rows,
+    """The gated RMSNorm of the BM rows `program_id(ROW_AXIS)`, group `program_id(1 - ROW_AXIS)` (G values,
+    padded to GP lanes); row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows,
     PAD_WORDS scale words a group program (the words need not line up with the groups)."""
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
@@ -313,7 +309,7 @@ def _gated_norm_kernel(
     real_rows = pid < n_tiles if PAD_PROGRAMS else True
     if real_rows:
         ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
-        rows = pid.to(tl.int64) * (BM * TILES) + tl.arange(0, BM)
+        rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
         j = tl.arange(0, GP)
         cols = group * G + j
         mask = (rows < M)[:, None] & (j < G)[None, :]
@@ -327,54 +323,43 @@ def _gated_norm_kernel(
             # them ahead
             tl.debug_barrier()
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        for t in tl.static_range(TILES):
-            if t + 1 < TILES:  # the next tile's loads in flight while this one reduces, computes and stores
-                rows_next = rows + BM
-                mask_next = (rows_next < M)[:, None] & (j < G)[None, :]
-                z_next = tl.load(z_ptr + rows_next[:, None] * stride_z + cols[None, :], mask=mask_next, other=1.0)
-                x_next = tl.load(x_ptr + rows_next[:, None] * stride_x + cols[None, :], mask=mask_next, other=0.0)
-                if LOAD_FENCE:
-                    tl.debug_barrier()
-            act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
-            s = _to_f32(x, "bits", ISA)
-            if not NORM_BEFORE_GATE:
-                s = s * act
-            # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
-            # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
-            # so fused and unfused would round the mean square differently; the pairwise tree does not
-            ssq = _pairwise_sum(s * s, BM, GP)
-            # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value): no division at a power
-            # of two
-            var = ssq * (1.0 / G) if G & (G - 1) == 0 else tl.math.div_rn(ssq, group_size.to(tl.float32))
-            n = s * _rsqrt(var + eps, ISA)[:, None]
-            if ROUND_NORMALIZED:
-                n = n.to(x.dtype).to(tl.float32)
-            out = n * w
-            if ROUND_WEIGHTED:
-                out = out.to(x.dtype).to(tl.float32)
-            if NORM_BEFORE_GATE:
-                out = out * act
-            if QUANT and MX.SWIZZLED:  # padding rows of F8_128x4: y = 0 (zero rows may give NaN), scale byte 0
-                out = tl.where((rows < M)[:, None], out, 0.0)
-            y = out.to(x.dtype)
-            if not QUANT:
-                tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
-            else:
-                jb = tl.arange(0, GP // 32)
-                # a group's padding blocks store nothing (they are the next group's columns): their scale columns
-                # start past the layout's last one, so the epilogue's store mask drops them
-                scol0 = tl.where(jb < G // 32, group * (G // 32), dst.scale_cols_padded)
-                _mx_epilogue(out, y, rows, cols, mask, scol0, K, dst, scale_rows, BM, GP, MX)
-                if MX.SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
-                    if group == tl.num_programs(1 - ROW_AXIS) - 1:  # the zero scale columns K/32 .. pad4(K/32)
-                        pad = dst.scale_cols + tl.arange(0, 4)
-                        zeros = tl.zeros([BM, 4], dtype=tl.int32)
-                        _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
-                                      dst.stride_s, True, "tl_store", ISA)  # fmt: skip
-            if t + 1 < TILES:
-                rows, mask, z, x = rows_next, mask_next, z_next, x_next
+        act = _gate_activation(_to_f32(z, "bits", ISA), ACTIVATION, MATH)
+        s = _to_f32(x, "bits", ISA)
+        if not NORM_BEFORE_GATE:
+            s = s * act
+        # a fixed-tree sum: `tl.sum`'s order follows the register layout, which the quant epilogue's
+        # reshapes change (seen in the sm_90 TTGIR: [1, 8] x [2, 16] lanes unfused, [1, 16] x [4, 8] fused),
+        # so fused and unfused would round the mean square differently; the pairwise tree does not
+        ssq = _pairwise_sum(s * s, BM, GP)
+        # x / 2**k correctly rounded is x * 2**-k (one rounding of the same real value): no division at a power of two
+        var = ssq * (1.0 / G) if G & (G - 1) == 0 else tl.math.div_rn(ssq, group_size.to(tl.float32))
+        n = s * _rsqrt(var + eps, ISA)[:, None]
+        if ROUND_NORMALIZED:
+            n = n.to(x.dtype).to(tl.float32)
+        out = n * w
+        if ROUND_WEIGHTED:
+            out = out.to(x.dtype).to(tl.float32)
+        if NORM_BEFORE_GATE:
+            out = out * act
+        if QUANT and MX.SWIZZLED:  # padding rows of F8_128x4: y = 0 (zero rows may give NaN), scale byte 0
+            out = tl.where((rows < M)[:, None], out, 0.0)
+        y = out.to(x.dtype)
+        if not QUANT:
+            tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
+        else:
+            jb = tl.arange(0, GP // 32)
+            # a group's padding blocks store nothing (they are the next group's columns): their scale columns
+            # start past the layout's last one, so the epilogue's store mask drops them
+            scol0 = tl.where(jb < G // 32, group * (G // 32), dst.scale_cols_padded)
+            _mx_epilogue(out, y, rows, cols, mask, scol0, K, dst, scale_rows, BM, GP, MX)
+            if MX.SWIZZLED:  # noqa: SIM102  (a constexpr branch around a runtime one)
+                if group == tl.num_programs(1 - ROW_AXIS) - 1:  # the zero scale columns K/32 .. pad4(K/32)
+                    pad = dst.scale_cols + tl.arange(0, 4)
+                    zeros = tl.zeros([BM, 4], dtype=tl.int32)
+                    _store_scales(dst.sc_ptr, zeros, rows, pad, scale_rows, dst.scale_cols, dst.scale_cols_padded,
+                                  dst.stride_s, True, "tl_store", ISA)  # fmt: skip
     else:
-        _zero_pad_program(dst, pid, n_tiles, group * PAD_WORDS, scale_rows, BM * TILES, PAD_ROWS, PAD_WORDS)
+        _zero_pad_program(dst, pid, n_tiles, group * PAD_WORDS, scale_rows, BM, PAD_ROWS, PAD_WORDS)
 
 
 # --------------------------------------------------------------------------- launches
@@ -501,10 +486,10 @@ def gated_norm_launch(
         return outputs, None
     gp = gated_norm_tile(group_size)[0]
     cfg_n = config or gated_norm_config(group_size, m, k, sm_count(x.device))
-    _check_shape(cfg_n, (cfg_n.block_rows, cfg_n.row_tiles))
+    _check_shape(cfg_n, (cfg_n.block_rows,))
     bm, warps = cfg_n.block_rows, cfg_n.num_warps
     hints = launch_hints(isa, cfg_n.pdl, cfg_n.max_registers)
-    n_tiles, n_pad = pad_programs(m, scale_rows, bm * cfg_n.row_tiles, swizzled)
+    n_tiles, n_pad = pad_programs(m, scale_rows, bm, swizzled)
     row_tiles, groups = n_tiles + n_pad, k // group_size
     row_axis = 1 if cfg_n.groups_first and row_tiles <= MAX_GRID_Y else 0
     grid = (groups, row_tiles) if row_axis else (row_tiles, groups)
@@ -523,7 +508,6 @@ def gated_norm_launch(
         ROUND_WEIGHTED=bool(round_weighted),
         QUANT=bool(quant),
         BM=bm,
-        TILES=cfg_n.row_tiles,
         ROW_AXIS=row_axis,
         PAD_ROWS=SCALE_PAD_ROWS,
         PAD_PROGRAMS=n_pad > 0,
