@@ -46,7 +46,8 @@ beside the default's (same bits: tests/test_gpu_gated.py).
 The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fused act·mul + MXFP8 of a bf16
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
 I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
-against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of vLLM's native form alone
+row-major and swizzled ("fused_swz_tail": swizzled, the padding rows' scales stored by the last row tile,
+`ActMulConfig.pad_tail`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of vLLM's native form alone
 and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the copy; for SiLU also the
 launch shapes of `act_variants()`.
 """
@@ -951,7 +952,18 @@ ACT_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-2
 GELU_IS = [21504, 15360, 10240, 5376, 2688]  # Gemma 3 27B / 12B / 4B, the 27B's TP 4 / 8 shards
 ACTIVATIONS = {"silu": ("SiLU", ACT_IS), "gelu_tanh": ("GELU-tanh", GELU_IS)}
 ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
-ACT_COLUMNS = ("fused", "fused_swz", "unfused", "act", "compiled", "compiled+quant", "liger", "liger+quant", "copy")
+ACT_COLUMNS = (
+    "fused",
+    "fused_swz",
+    "fused_swz_tail",
+    "unfused",
+    "act",
+    "compiled",
+    "compiled+quant",
+    "liger",
+    "liger+quant",
+    "copy",
+)
 
 
 def producer_bytes(m: int, k: int) -> int:
@@ -1054,6 +1066,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
 
     t("fused", fused, sets)
     t("fused_swz", lambda x: fused(x, True), sets)
+    tail = taq.ActMulConfig(*res["default_cfg"])._replace(pad_tail=True)  # the padding rows' scales by the last tile
+    t("fused_swz_tail", lambda x: fused(x, True, config=tail), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
     for name, pick in act_variants().items() if activation == "silu" else ():
@@ -1084,7 +1098,7 @@ def act_mul_table(results, copy_tbs):
         f = r["fused"]
         lines.append(
             f"| {i} | {m} | "
-            + " | ".join(f"{r[c]:.1f}" for c in ACT_COLUMNS)
+            + " | ".join(f"{r.get(c, float('nan')):.1f}" for c in ACT_COLUMNS)
             + f" | {tbs(nbytes, f):.2f} | {100 * tbs(nbytes, f) / copy_tbs:.0f} | {r['act'] / f:.2f} | "
             + f"{r['liger'] / f:.2f} | {r['compiled'] / f:.2f} | {r['unfused'] / f:.2f} | {r['copy'] / f:.2f} |"
         )
