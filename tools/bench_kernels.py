@@ -47,9 +47,9 @@ The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fu
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
 I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
 row-major and swizzled ("fused_swz_tail": swizzled, the padding rows' scales stored by the last row tile,
-`ActMulConfig.pad_tail`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of vLLM's native form alone
-and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the copy; for SiLU also the
-launch shapes of `act_variants()`.
+`ActMulConfig.pad_tail`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
+vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
+copy; for SiLU also the launch shapes of `act_variants()`.
 """
 
 from __future__ import annotations
