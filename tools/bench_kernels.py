@@ -1049,7 +1049,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
     res = {"I": i, "M": m, "activation": activation}
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    res["default_cfg"] = list(taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram()))
+    default_cfg = taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram())
+    res["default_cfg"] = list(default_cfg)
 
     def t(name, fn, inputs):
         try:
@@ -1066,7 +1067,7 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
 
     t("fused", fused, sets)
     t("fused_swz", lambda x: fused(x, True), sets)
-    tail = taq.ActMulConfig(*res["default_cfg"])._replace(pad_tail=True)  # the padding rows' scales by the last tile
+    tail = default_cfg._replace(pad_tail=True)  # the padding rows' scales by the last row tile
     t("fused_swz_tail", lambda x: fused(x, True, config=tail), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)

@@ -344,6 +344,7 @@ def _act_mul_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
+    WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # a column block's swizzled scale words (BC >= 128: whole ones)
     # tiles of real rows first (the fall-through path ptxas lays out first), then the programs of padding rows
     # (no loads) where the launch has any (swizzled scales, rows past the tiles); else a constant condition
     real_rows = pid < n_tiles if PAD_PROGRAMS else True
@@ -367,12 +368,10 @@ def _act_mul_kernel(
             _mx_epilogue(y, y_out, rows, cols, mask, cb * (BC // 32), I, dst, scale_rows, BM, BC, MX)
             if PAD_TAIL:  # noqa: SIM102  (a constexpr branch around a runtime one)
                 if pid == n_tiles - 1:
-                    TAIL_WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)
-                    _zero_pad_scales(dst, n_tiles.to(tl.int64) * BM, cb * TAIL_WORDS, scale_rows, PAD_ROWS, TAIL_WORDS)
+                    _zero_pad_scales(dst, n_tiles.to(tl.int64) * BM, cb * WORDS, scale_rows, PAD_ROWS, WORDS)
         else:
             tl.store(dst.y_ptr + r2 * I + c2, y.to(dtype), mask=mask)
     else:
-        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
         _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
 
 

@@ -129,6 +129,11 @@ against 2.70), slower from M x K / 128 = 2048 programs (K 4096 M 64: 2.95 agains
 (K 8192 M 1: 2.08 against 2.24; K 4096 M 64: 3.05 against 2.94)."""
 
 
+def is_decode_launch(programs: int, sms: int) -> bool:
+    """Whether a launch of `programs` one-warp programs is at decode size (`DECODE_PROGRAMS_PER_SM`)."""
+    return programs <= DECODE_PROGRAMS_PER_SM * sms
+
+
 class GateConfig(NamedTuple):
     """Launch shape of the gate kernel: `[block_rows, block_cols]` tiles (powers of two, block_cols >= 128:
     the last column tile then covers the F8_128x4 padding scale columns, which nothing else writes).
@@ -179,7 +184,7 @@ def gate_config(k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DR
     H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
     M 4096-16384 (docs/perf_notes.md, run 15). At decode sizes (`DECODE_PROGRAMS_PER_SM`) one row of 128
     columns on one warp, 4 values a thread. The gate is elementwise: any tile gives the same bits."""
-    if m * triton.cdiv(k, MIN_GROUP_TILE) <= DECODE_PROGRAMS_PER_SM * sms:
+    if is_decode_launch(m * triton.cdiv(k, MIN_GROUP_TILE), sms):
         return GateConfig(1, MIN_GROUP_TILE, 1, code_vector=8)
     cfg = quant_config(k, m)
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
@@ -445,7 +450,7 @@ def gated_norm_config(group_size: int, m: int | None = None, k: int | None = Non
     row a program at 4 values a thread (one warp for groups of 128), 8 codes a thread. The pairwise sum adds in
     the same order in every tile, so the rule keeps the bits."""
     gp, bm, warps = gated_norm_tile(group_size)
-    decode = m is not None and k is not None and m * (k // group_size) <= DECODE_PROGRAMS_PER_SM * sms
+    decode = m is not None and k is not None and is_decode_launch(m * (k // group_size), sms)
     if decode and gp <= DECODE_MAX_GROUP_TILE:
         return GatedNormConfig(1, gp // MIN_GROUP_TILE, code_vector=8, groups_first=True)
     return GatedNormConfig(bm, warps, code_vector=16, groups_first=True)
