@@ -47,7 +47,8 @@ The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fu
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
 I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
 row-major and swizzled ("fused_swz_tail": swizzled, the padding rows' scales stored by the last row tile,
-`ActMulConfig.pad_tail`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
+`ActMulConfig.pad_tail`; "fused_join" / "fused_swz_join": up's bits joined into the gate's before any arithmetic,
+`ActMulConfig.join_loads`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
 vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
 copy; for SiLU also the launch shapes of `act_variants()`.
 """
@@ -956,6 +957,8 @@ ACT_COLUMNS = (
     "fused",
     "fused_swz",
     "fused_swz_tail",
+    "fused_join",
+    "fused_swz_join",
     "unfused",
     "act",
     "compiled",
@@ -1069,6 +1072,9 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     t("fused_swz", lambda x: fused(x, True), sets)
     tail = default_cfg._replace(pad_tail=True)  # the padding rows' scales by the last row tile
     t("fused_swz_tail", lambda x: fused(x, True, config=tail), sets)
+    join = default_cfg._replace(join_loads=True)  # up's bits joined into the gate's: both loads before arithmetic
+    t("fused_join", lambda x: fused(x, config=join), sets)
+    t("fused_swz_join", lambda x: fused(x, True, config=join), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
     for name, pick in act_variants().items() if activation == "silu" else ():
@@ -1088,6 +1094,11 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     return res
 
 
+def _us(v: float) -> str:
+    """µs with two decimals below 10 (the decode launches differ by hundredths), one above."""
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}"
+
+
 def act_mul_table(results, copy_tbs):
     """Markdown: µs per column, the fused op's TB/s (5.03·M·I bytes) and its ratios (> 1: the fused op faster)."""
     ratios = " | act / fused | liger / fused | compiled / fused | unfused / fused | copy / fused |"
@@ -1099,7 +1110,7 @@ def act_mul_table(results, copy_tbs):
         f = r["fused"]
         lines.append(
             f"| {i} | {m} | "
-            + " | ".join(f"{r.get(c, float('nan')):.1f}" for c in ACT_COLUMNS)
+            + " | ".join(_us(r.get(c, float("nan"))) for c in ACT_COLUMNS)
             + f" | {tbs(nbytes, f):.2f} | {100 * tbs(nbytes, f) / copy_tbs:.0f} | {r['act'] / f:.2f} | "
             + f"{r['liger'] / f:.2f} | {r['compiled'] / f:.2f} | {r['unfused'] / f:.2f} | {r['copy'] / f:.2f} |"
         )

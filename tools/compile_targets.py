@@ -216,6 +216,11 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
                                        config=tail)  # fmt: skip
         cases.append(Case(f"act_mul gelu_tanh I21504 M{m} fused pad_tail", launch,
                           launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip
+    for m, i in ((1, 21504), (4096, 14336)):  # up's bits joined into the gate's (`join_loads`)
+        join = taq.act_mul_config(m, i, 132)._replace(join_loads=True)
+        _, launch = taq.act_mul_launch(_meta(m, i), _meta(m, i), "gelu_tanh", isa=isa, swizzled=True, config=join)
+        cases.append(Case(f"act_mul gelu_tanh I{i} M{m} fused join_loads", launch,
+                          launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip
     return cases
 
 

@@ -184,6 +184,11 @@ class ActMulConfig(NamedTuple):
     instead of programs of their own after the row tiles (the same bytes). Off by default: the candidate for
     GELU-tanh's swizzled decode launches, 0.3 µs over row-major with the padding programs' branch compiled in
     (docs/perf_notes.md, run 19); not yet timed."""
+    join_loads: bool = False
+    """Up's bits joined into the gate's before any arithmetic (`_after_loads`), so that ptxas issues both loads of
+    a row before computing on the gate. Without it (sm_90, Triton 3.6) GELU-tanh's swizzled decode launches issue
+    up's load after the first use of the gate's (two memory round trips in a row: the 0.3 µs of run 19), and the
+    16-values tiles compute on a thread's first row before loading the rest. Off by default: not yet timed."""
 
 
 def block_cols(i: int) -> int:
@@ -311,7 +316,25 @@ def _act_mul_tile(
         return (a * u).to(DTYPE).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles"])
+@triton.jit
+def _after_loads(g, u, zero, ISA: tl.constexpr):
+    """g's bits or'ed with (u's bits and a runtime zero): the same values, but ptxas cannot compute on g before
+    u's load has issued (it cannot fold a kernel argument)."""
+    z = tl.full(g.shape, 0, tl.int16) + zero.to(tl.int16)
+    if ISA != "ptx":
+        return (g.to(tl.int16, bitcast=True) | (u.to(tl.int16, bitcast=True) & z)).to(g.dtype, bitcast=True)
+    j = tl.inline_asm_elementwise(
+        "lop3.b32 $0, $1, $2, $3, 0xF8;",
+        "=r,r,r,r",
+        [g.to(tl.int16, bitcast=True), u.to(tl.int16, bitcast=True), z],
+        dtype=tl.int16,
+        is_pure=True,
+        pack=2,
+    )
+    return j.to(g.dtype, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["M", "scale_rows", "n_tiles", "join_zero"])
 def _act_mul_kernel(
     g_ptr,
     u_ptr,
@@ -324,6 +347,7 @@ def _act_mul_kernel(
     stride_u,
     alpha,
     limit,
+    join_zero,
     ACT: tl.constexpr,
     ROUND_EACH_OP: tl.constexpr,
     QUANT: tl.constexpr,
@@ -337,6 +361,7 @@ def _act_mul_kernel(
     WIDEN: tl.constexpr,
     PDL: tl.constexpr = False,
     PAD_TAIL: tl.constexpr = False,
+    JOIN_LOADS: tl.constexpr = False,
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
     row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows, or with PAD_TAIL (no such
@@ -356,6 +381,9 @@ def _act_mul_kernel(
         mask = (r2 < M) & (c2 < I)
         g = tl.load(g_ptr + r2 * stride_g + c2, mask=mask, other=0.0, eviction_policy="evict_first")
         u = tl.load(u_ptr + r2 * stride_u + c2, mask=mask, other=0.0, eviction_policy="evict_first")
+        if JOIN_LOADS:  # both loads issued before the arithmetic (ActMulConfig.join_loads)
+            ISA: tl.constexpr = MX.ISA  # a bundle field passed on as an argument: a constexpr
+            g = _after_loads(g, u, join_zero, ISA)
         dtype: tl.constexpr = g.dtype
         WIDEN_Y: tl.constexpr = WIDEN if QUANT and not MX.EMIT_Y else "cvt"
         y = _act_mul_tile(_widen(g, WIDEN), u.to(tl.float32), alpha, limit, ACT, ROUND_EACH_OP, dtype, MATH, WIDEN_Y)
@@ -421,7 +449,7 @@ def act_mul_launch(
     y_arg = y if y is not None else gate
     dst = mx_dst(y_arg, codes, scales, i) if quant else mx_dst(y_arg, gate, gate, i)
     args = (gate, up, dst, m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), float(alpha),
-            float(limit))  # fmt: skip
+            float(limit), 0)  # fmt: skip
     spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector)
     constexprs = dict(
         ACT=ACTIVATION_IDS[activation],
@@ -437,6 +465,7 @@ def act_mul_launch(
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
         PDL=hints.pdl,
         PAD_TAIL=pad_tail,
+        JOIN_LOADS=bool(cfg.join_loads),
     )
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
                                  pdl=hints.pdl, max_registers=hints.max_registers)  # fmt: skip
