@@ -156,7 +156,6 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count)._replace(widen="cvt"))
             out.add(act_mul_config(m, i, count)._replace(code_vector=16))
             out.add(act_mul_config(m, i, count)._replace(max_registers=32))
-            out.add(act_mul_config(m, i, count)._replace(pad_tail=True))  # swizzled: no padding programs
             out.add(act_mul_config(m, i, count)._replace(join_loads=True))  # up's bits or'ed (with 0) into the gate's
     out |= {ActMulConfig(1, 512, 1, True), ActMulConfig(1, 256, 1, True)}  # one warp a row at decode sizes
     return out

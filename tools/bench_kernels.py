@@ -46,8 +46,7 @@ beside the default's (same bits: tests/test_gpu_gated.py).
 The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fused act·mul + MXFP8 of a bf16
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
 I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
-row-major and swizzled ("fused_swz_tail": swizzled, the padding rows' scales stored by the last row tile,
-`ActMulConfig.pad_tail`; "fused_join" / "fused_swz_join": up's bits joined into the gate's before any arithmetic,
+row-major and swizzled ("fused_join" / "fused_swz_join": up's bits joined into the gate's before any arithmetic,
 `ActMulConfig.join_loads`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
 vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
 copy; for SiLU also the launch shapes of `act_variants()`.
@@ -956,7 +955,6 @@ ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 ACT_COLUMNS = (
     "fused",
     "fused_swz",
-    "fused_swz_tail",
     "fused_join",
     "fused_swz_join",
     "unfused",
@@ -1070,8 +1068,6 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
 
     t("fused", fused, sets)
     t("fused_swz", lambda x: fused(x, True), sets)
-    tail = default_cfg._replace(pad_tail=True)  # the padding rows' scales by the last row tile
-    t("fused_swz_tail", lambda x: fused(x, True, config=tail), sets)
     join = default_cfg._replace(join_loads=True)  # up's bits joined into the gate's: both loads before arithmetic
     t("fused_join", lambda x: fused(x, config=join), sets)
     t("fused_swz_join", lambda x: fused(x, True, config=join), sets)

@@ -210,12 +210,6 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         pdl = taq.act_mul_config(1, 1792, 132)._replace(pdl=True)
         _, launch = taq.act_mul_launch(_meta(1, 1792), _meta(1, 1792), "silu", isa=isa, swizzled=True, config=pdl)
         cases.append(Case("act_mul silu I1792 M1 fused pdl", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
-    for m in (1, 16):  # swizzled, the padding rows' scales stored by the last row tile (`pad_tail`)
-        tail = taq.act_mul_config(m, 21504, 132)._replace(pad_tail=True)
-        _, launch = taq.act_mul_launch(_meta(m, 21504), _meta(m, 21504), "gelu_tanh", isa=isa, swizzled=True,
-                                       config=tail)  # fmt: skip
-        cases.append(Case(f"act_mul gelu_tanh I21504 M{m} fused pad_tail", launch,
-                          launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip
     for m, i in ((1, 21504), (4096, 14336)):  # up's bits joined into the gate's (`join_loads`)
         join = taq.act_mul_config(m, i, 132)._replace(join_loads=True)
         _, launch = taq.act_mul_launch(_meta(m, i), _meta(m, i), "gelu_tanh", isa=isa, swizzled=True, config=join)

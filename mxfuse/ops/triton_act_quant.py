@@ -101,7 +101,6 @@ from mxfuse.ops.triton_mx_quant import (
     MxSpec,
     _mx_epilogue,
     _zero_pad_program,
-    _zero_pad_scales,
     mx_dst,
     pad_programs,
     producer_outputs,
@@ -179,11 +178,6 @@ class ActMulConfig(NamedTuple):
     """Programmatic dependent launch (NVIDIA only, dropped elsewhere): the kernel waits for the kernel before
     it (`gdc_wait`) before touching memory and lets the next one launch. Off by default for the norms'
     reason: it pays only between PDL launches on both sides (docs/perf_notes.md, runs 10 and 15)."""
-    pad_tail: bool = False
-    """Swizzled scales: the last row tile's programs store the padding rows' zero scales after their own stores,
-    instead of programs of their own after the row tiles (the same bytes). Off by default: the candidate for
-    GELU-tanh's swizzled decode launches, 0.3 µs over row-major with the padding programs' branch compiled in
-    (docs/perf_notes.md, run 19); not yet timed."""
     join_loads: bool = False
     """Up's bits joined into the gate's before any arithmetic (`_after_loads`), so that ptxas issues both loads of
     a row before computing on the gate. Without it (sm_90, Triton 3.6) GELU-tanh's swizzled decode launches issue
@@ -360,16 +354,13 @@ def _act_mul_kernel(
     MATH: tl.constexpr,
     WIDEN: tl.constexpr,
     PDL: tl.constexpr = False,
-    PAD_TAIL: tl.constexpr = False,
     JOIN_LOADS: tl.constexpr = False,
 ):
     """A `[BM, BC]` tile: row tile `program_id(ROW_AXIS)`, column block `program_id(1 - ROW_AXIS)`;
-    row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows, or with PAD_TAIL (no such
-    programs) the last row tile's programs do after their own stores."""
+    row tiles past `n_tiles` (swizzled layout only) zero the scales of padding rows."""
     pdl_enter(PDL)
     pid = tl.program_id(ROW_AXIS)
     cb = tl.program_id(1 - ROW_AXIS)
-    WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # a column block's swizzled scale words (BC >= 128: whole ones)
     # tiles of real rows first (the fall-through path ptxas lays out first), then the programs of padding rows
     # (no loads) where the launch has any (swizzled scales, rows past the tiles); else a constant condition
     real_rows = pid < n_tiles if PAD_PROGRAMS else True
@@ -394,12 +385,10 @@ def _act_mul_kernel(
             # convert per value where the compiler cannot see that y is exact), stored as the dtype
             y_out = y.to(dtype) if MX.EMIT_Y else y
             _mx_epilogue(y, y_out, rows, cols, mask, cb * (BC // 32), I, dst, scale_rows, BM, BC, MX)
-            if PAD_TAIL:  # noqa: SIM102  (a constexpr branch around a runtime one)
-                if pid == n_tiles - 1:
-                    _zero_pad_scales(dst, n_tiles.to(tl.int64) * BM, cb * WORDS, scale_rows, PAD_ROWS, WORDS)
         else:
             tl.store(dst.y_ptr + r2 * I + c2, y.to(dtype), mask=mask)
     else:
+        WORDS: tl.constexpr = BC // (32 * COLUMN_TILE)  # BC >= 128: whole words
         _zero_pad_program(dst, pid, n_tiles, cb * WORDS, scale_rows, BM, PAD_ROWS, WORDS)
 
 
@@ -440,8 +429,6 @@ def act_mul_launch(
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
     n_tiles, n_pad = pad_programs(m, scale_rows, cfg.block_rows, swizzled)
-    pad_tail = bool(cfg.pad_tail and n_pad)
-    n_pad = 0 if pad_tail else n_pad
     row_axis = 1 if cfg.cols_first and n_tiles + n_pad <= MAX_GRID_Y else 0
     grid = [n_tiles + n_pad, triton.cdiv(i, cfg.block_cols)]
     if row_axis:
@@ -464,7 +451,6 @@ def act_mul_launch(
         MATH=math_of(dev, isa),
         WIDEN=cfg.widen if isa == "ptx" else "cvt",
         PDL=hints.pdl,
-        PAD_TAIL=pad_tail,
         JOIN_LOADS=bool(cfg.join_loads),
     )
     return outputs, KernelLaunch(_act_mul_kernel, tuple(grid), args, constexprs, cfg.num_warps, fp_fusion=False,
