@@ -435,8 +435,9 @@ def act_mul_launch(
         grid.reverse()
     y_arg = y if y is not None else gate
     dst = mx_dst(y_arg, codes, scales, i) if quant else mx_dst(y_arg, gate, gate, i)
+    join_zero = 0  # join_loads's zero: a kernel argument, so that ptxas cannot fold the join away
     args = (gate, up, dst, m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), float(alpha),
-            float(limit), 0)  # fmt: skip
+            float(limit), join_zero)  # fmt: skip
     spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector)
     constexprs = dict(
         ACT=ACTIVATION_IDS[activation],
