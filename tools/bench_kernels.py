@@ -46,8 +46,9 @@ beside the default's (same bits: tests/test_gpu_gated.py).
 The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fused act·mul + MXFP8 of a bf16
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
 I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
-row-major and swizzled ("fused_join" / "fused_swz_join": up's bits joined into the gate's before any arithmetic,
-`ActMulConfig.join_loads`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
+row-major and swizzled (the default launch; "fused_join" / "fused_swz_join": the same tile with up's bits joined
+into the gate's before any arithmetic at every point, `ActMulConfig.join_loads`, which the default sets only where
+`join_loads_pays`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
 vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
 copy; for SiLU also the launch shapes of `act_variants()`.
 """
@@ -1052,6 +1053,7 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     default_cfg = taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram())
     res["default_cfg"] = list(default_cfg)
+    res["default_join"] = [taq.join_loads_pays(activation, swz, m, default_cfg) for swz in (False, True)]
 
     def t(name, fn, inputs):
         try:

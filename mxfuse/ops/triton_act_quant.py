@@ -120,7 +120,7 @@ from mxfuse.ops.triton_targets import (
     sm_count as device_sm_count,
 )
 
-__all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch", "values_per_thread"]
+__all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch", "join_loads_pays", "values_per_thread"]
 
 ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_step": 2, "swiglu_oai": 3}
 GELU_BETA = tl.constexpr(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5)
@@ -182,7 +182,8 @@ class ActMulConfig(NamedTuple):
     """Up's bits joined into the gate's before any arithmetic (`_after_loads`), so that ptxas issues both loads of
     a row before computing on the gate. Without it (sm_90, Triton 3.6) GELU-tanh's swizzled decode launches issue
     up's load after the first use of the gate's (two memory round trips in a row: the 0.3 µs of run 19), and the
-    16-values tiles compute on a thread's first row before loading the rest. Off by default: not yet timed."""
+    16-values tiles compute on a thread's first row before loading the rest. The default launch sets it where
+    it was measured to pay (:func:`join_loads_pays`); an explicit config keeps what it says."""
 
 
 def block_cols(i: int) -> int:
@@ -208,6 +209,28 @@ def values_per_thread(
     if dram_bytes_per_s / sm_count >= FAST_DRAM_BYTES_PER_S_PER_SM or m * i <= (1 + TAIL_WAVE_SHARE) * slow * wave:
         return fast
     return slow
+
+
+JOIN_LOADS_DECODE_M = 16
+"""Up to this M, GELU-tanh's swizzled launches join the loads: 0.29-0.33 µs (of ~2.4) faster at M 1-4 and
+0.04-0.32 at M 16 (H100, run 20); row-major ones issue both loads first already and lost 0.01-0.12 µs."""
+JOIN_LOADS_MIN_M = 256
+"""From this M, GELU-tanh's one-row tiles (8 values a thread; up's load after the gate's whole activation)
+join the loads: 5-8% faster at M 256-1024 and 0.5% on the median beyond (H100, run 20). At M 64 the join cost
+up to 0.3 µs in both layouts and both activations timed, with or without a late load."""
+
+
+def join_loads_pays(activation: str, swizzled: bool, m: int, config: ActMulConfig) -> bool:
+    """Whether the default launch of `config` joins up's bits into the gate's (`ActMulConfig.join_loads`).
+    GELU-tanh only, where ptxas issues up's load after the gate's arithmetic and the launch cannot hide the
+    second round trip: swizzled decode launches, and one-row tiles from M 256. Elsewhere the join cost up to
+    0.3 µs at M 64 and up to 14% on tiles of several rows a thread, and SiLU never gained (docs/perf_notes.md,
+    run 20). The other activations are not timed: off."""
+    if activation != "gelu_tanh":
+        return False
+    if m <= JOIN_LOADS_DECODE_M:
+        return swizzled
+    return m >= JOIN_LOADS_MIN_M and config.block_rows == 1
 
 
 def act_mul_config(
@@ -422,9 +445,12 @@ def act_mul_launch(
     dev = gate.device
     if scale_rows == 0 or i == 0:
         return outputs, None
-    cfg = config or act_mul_config(
-        m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
-    )
+    cfg = config
+    if cfg is None:
+        cfg = act_mul_config(
+            m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
+        )
+        cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg))
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
