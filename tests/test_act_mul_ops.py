@@ -283,6 +283,34 @@ def test_dispatch_blocks_divide_the_intermediate_size():
     assert wide == ActMulConfig(16, 256, 8, True, code_vector=16)
 
 
+def test_default_launch_joins_gelu_tanh_loads_only_where_it_was_measured_to_pay():
+    """`join_loads_pays`: GELU-tanh swizzled at M <= 16 and its one-row tiles from M 256 (H100, run 21); never
+    SiLU, row-major decode, M 17-255 or tiles of several rows. The default launch carries the decision; an
+    explicit config keeps its own."""
+    from mxfuse.ops.triton_act_quant import act_mul_config, act_mul_launch, join_loads_pays
+
+    h100 = dict(dram_bytes_per_s=H100_DRAM)
+    one_row = act_mul_config(1024, 21504, 132, **h100)
+    two_rows = act_mul_config(256, 10240, 132)
+    assert (one_row.block_rows, two_rows.block_rows) == (1, 2)
+    decode = act_mul_config(1, 21504, 132)
+    assert join_loads_pays("gelu_tanh", True, 1, decode) and join_loads_pays("gelu_tanh", True, 16, decode)
+    assert not join_loads_pays("gelu_tanh", False, 1, decode)
+    assert not join_loads_pays("gelu_tanh", True, 64, act_mul_config(64, 21504, 132, **h100))
+    assert join_loads_pays("gelu_tanh", False, 1024, one_row) and join_loads_pays("gelu_tanh", True, 256, one_row)
+    assert not join_loads_pays("gelu_tanh", False, 256, two_rows)
+    for act in ("silu", "swiglu_step", "swiglu_oai"):
+        assert not any(join_loads_pays(act, swz, m, decode) for swz in (False, True) for m in (1, 1024))
+
+    gate_up = torch.empty(1, 2 * 21504, device="meta", dtype=torch.bfloat16)
+    halves = (gate_up[:, :21504], gate_up[:, 21504:])
+    joined = {swz: act_mul_launch(*halves, "gelu_tanh", isa="ptx", swizzled=swz)[1].constexprs["JOIN_LOADS"]
+              for swz in (False, True)}  # fmt: skip
+    assert joined == {False: False, True: True}
+    explicit = act_mul_launch(*halves, "gelu_tanh", isa="ptx", swizzled=True, config=decode)[1]
+    assert explicit.constexprs["JOIN_LOADS"] is False
+
+
 def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident_threads():
     """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that; then 16 on fast memory
     per SM; on slower memory 16 up to a quarter of a wave more (one wave instead of a nearly empty second),
