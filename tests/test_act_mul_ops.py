@@ -284,9 +284,9 @@ def test_dispatch_blocks_divide_the_intermediate_size():
 
 
 def test_default_launch_joins_gelu_tanh_loads_only_where_it_was_measured_to_pay():
-    """`join_loads_pays`: GELU-tanh swizzled at M <= 16 and its one-row tiles from M 256 (H100, run 21); never
-    SiLU, row-major decode, M 17-255 or tiles of several rows. The default launch carries the decision; an
-    explicit config keeps its own."""
+    """`join_loads_pays`: on NVIDIA, GELU-tanh swizzled at M <= 16 and its one-row tiles from M 256 (H100, run
+    21); never SiLU, row-major decode, M 17-255, tiles of several rows or another ISA. The default launch carries
+    the decision; an explicit config keeps its own."""
     from mxfuse.ops.triton_act_quant import act_mul_config, act_mul_launch, join_loads_pays
 
     h100 = dict(dram_bytes_per_s=H100_DRAM)
@@ -301,6 +301,7 @@ def test_default_launch_joins_gelu_tanh_loads_only_where_it_was_measured_to_pay(
     assert not join_loads_pays("gelu_tanh", False, 256, two_rows)
     for act in ("silu", "swiglu_step", "swiglu_oai"):
         assert not any(join_loads_pays(act, swz, m, decode) for swz in (False, True) for m in (1, 1024))
+    assert not join_loads_pays("gelu_tanh", True, 1, decode, "portable")  # ptxas's late load: measured on NVIDIA only
 
     gate_up = torch.empty(1, 2 * 21504, device="meta", dtype=torch.bfloat16)
     halves = (gate_up[:, :21504], gate_up[:, 21504:])

@@ -213,20 +213,21 @@ def values_per_thread(
 
 JOIN_LOADS_DECODE_M = 16
 """Up to this M, GELU-tanh's swizzled launches join the loads: 0.29-0.33 µs (of ~2.4) faster at M 1-4 and
-0.04-0.32 at M 16 (H100, run 20); row-major ones issue both loads first already and lost 0.01-0.12 µs."""
+0.04-0.32 at M 16 (H100, run 21); row-major ones issue both loads first already and lost 0.01-0.12 µs."""
 JOIN_LOADS_MIN_M = 256
 """From this M, GELU-tanh's one-row tiles (8 values a thread; up's load after the gate's whole activation)
-join the loads: 5-8% faster at M 256-1024 and 0.5% on the median beyond (H100, run 20). At M 64 the join cost
+join the loads: 5-8% faster at M 256-1024 and 0.5% on the median beyond (H100, run 21). At M 64 the join cost
 up to 0.3 µs in both layouts and both activations timed, with or without a late load."""
 
 
-def join_loads_pays(activation: str, swizzled: bool, m: int, config: ActMulConfig) -> bool:
+def join_loads_pays(activation: str, swizzled: bool, m: int, config: ActMulConfig, isa: Isa = "ptx") -> bool:
     """Whether the default launch of `config` joins up's bits into the gate's (`ActMulConfig.join_loads`).
-    GELU-tanh only, where ptxas issues up's load after the gate's arithmetic and the launch cannot hide the
-    second round trip: swizzled decode launches, and one-row tiles from M 256. Elsewhere the join cost up to
-    0.3 µs at M 64 and up to 14% on tiles of several rows a thread, and SiLU never gained (docs/perf_notes.md,
-    run 20). The other activations are not timed: off."""
-    if activation != "gelu_tanh":
+    On NVIDIA, GELU-tanh only, where ptxas issues up's load after the gate's arithmetic and the launch cannot
+    hide the second round trip: swizzled decode launches, and one-row tiles from M 256. Elsewhere the join cost
+    up to 0.3 µs at M 64 and up to 14% on tiles of several rows a thread, and SiLU never gained
+    (docs/perf_notes.md, run 21). Not timed, so off: the other activations, and other ISAs (the late load is
+    ptxas's schedule; there the join is two integer ops a pair for nothing known)."""
+    if isa != "ptx" or activation != "gelu_tanh":
         return False
     if m <= JOIN_LOADS_DECODE_M:
         return swizzled
@@ -450,7 +451,7 @@ def act_mul_launch(
         cfg = act_mul_config(
             m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
         )
-        cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg))
+        cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg, isa))
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
