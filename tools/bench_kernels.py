@@ -1044,6 +1044,7 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     device-to-device copy moving the same bytes (half read, half written; the faster of an SM kernel and a
     memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
+    from mxfuse.ops.triton_targets import device_isa
 
     n = n_input_sets(2 * m * 2 * i)
     g = torch.Generator(device="cuda").manual_seed(i + m)
@@ -1053,7 +1054,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     default_cfg = taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram())
     res["default_cfg"] = list(default_cfg)
-    res["default_join"] = [taq.join_loads_pays(activation, swz, m, default_cfg) for swz in (False, True)]
+    isa = device_isa(torch.device("cuda"))  # the rule is NVIDIA's only: record what this device's default runs
+    res["default_join"] = [taq.join_loads_pays(activation, swz, m, default_cfg, isa) for swz in (False, True)]
 
     def t(name, fn, inputs):
         try:
