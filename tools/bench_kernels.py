@@ -50,7 +50,7 @@ row-major and swizzled (the default launch; "fused_join" / "fused_swz_join": the
 into the gate's before any arithmetic at every point, `ActMulConfig.join_loads`, which the default sets only where
 `join_loads_pays`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
 vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
-copy; for SiLU also the launch shapes of `act_variants()`.
+copy; for SiLU also the launch shapes of `act_variants()` (`--act-variants NAMES`: those, for every activation).
 """
 
 from __future__ import annotations
@@ -1010,6 +1010,7 @@ def act_variants():
     return {
         "run12": _run12_act_config,
         "mem-slow": with_device(dram_bytes_per_s=1e9),  # 8 values a thread at large M (16 in the tail window)
+        "mem-slow-join": changed(with_device(dram_bytes_per_s=1e9), join_loads=True),  # the one-row tile, joined
         "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
         "v8": with_device(small_values=(8,)),
         "nohalve": with_device(min_programs_per_sm=0),
@@ -1039,8 +1040,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     (both layouts), the unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul
     kernel), `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul / GELU·mul (`swiglu` / `geglu`) on two contiguous halves alone and followed by the quant, and
-    (SiLU) the fused op (row-major) in `act_variants()`'s launch shapes ("v:<name>"; `variants`: those names
-    only, None: all); "copy": a
+    the fused op (row-major) in `act_variants()`'s launch shapes ("v:<name>"; `variants`: those names, for
+    every activation; None: all, for SiLU only); "copy": a
     device-to-device copy moving the same bytes (half read, half written; the faster of an SM kernel and a
     memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
@@ -1077,8 +1078,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     t("fused_swz_join", lambda x: fused(x, True, config=join), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
-    for name, pick in act_variants().items() if activation == "silu" else ():
-        if variants is not None and name not in variants:
+    for name, pick in act_variants().items():
+        if (name not in variants) if variants is not None else activation != "silu":
             continue
         cfg = pick(m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
@@ -1156,7 +1157,7 @@ def _act_peers(activation):
 
 def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS), variants=None):
     """The act·mul section: for each activation, every (I, M) of its sizes (`ACTIVATIONS`) x `ms`; prints and
-    (with `out`) writes act_mul_bench.md / .json. `variants`: the SiLU launch shapes timed (None: all)."""
+    (with `out`) writes act_mul_bench.md / .json. `variants`: the launch shapes timed (None: all, for SiLU)."""
     results, parts = [], []
     for activation in activations:
         title, sizes = ACTIVATIONS[activation]
@@ -1217,7 +1218,9 @@ def main(argv=None):
         help=f"activations of the act·mul section ({list(ACTIVATIONS)})",
     )
     ap.add_argument(
-        "--act-variants", default=None, help="the SiLU launch shapes timed beside the default (act_variants names)"
+        "--act-variants",
+        default=None,
+        help="the launch shapes timed beside the default (act_variants names; default: all, for SiLU only)",
     )
     args = ap.parse_args(argv)
     vname = args.variant
