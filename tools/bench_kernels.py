@@ -867,7 +867,8 @@ def gated_variants():
     run 17: "regs48", capped at 48 registers for 5 programs an SM, no faster and a spill on sm_100). Run 18, for
     decode sizes: the gate one row a program ("row1024": 1024 columns on 4 warps, "row256": 256 on 1 warp, 8 a
     thread; "row128v4": 128 on 1 warp, 4 a thread), the norm one row on 1 warp ("bm1", 4 a thread) and 4 rows on 2
-    ("bm4", 8 a thread)."""
+    ("bm4", 8 a thread). Run 22: 2 values a thread at decode sizes, "row128v2" (the gate's 128 columns on 2 warps)
+    and "bm1w2" (the norm's row on 2 warps)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -906,10 +907,12 @@ def gated_variants():
         return pick
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
-            "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4)}  # fmt: skip
+            "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4),
+            "row128v2": one_row(128, 2)}  # fmt: skip
     norm = {
         "bm1": lambda group: tg.gated_norm_config(group)._replace(block_rows=1, num_warps=1, code_vector=8),
         "bm4": lambda group: tg.gated_norm_config(group)._replace(block_rows=4, num_warps=2, code_vector=8),
+        "bm1w2": lambda group: tg.gated_norm_config(group)._replace(block_rows=1, num_warps=2, code_vector=8),
         "nofence": norm_rows(1, load_fence=False),
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),
@@ -991,7 +994,7 @@ def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
 def act_variants():
     """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits):
     the dispatch with one input changed (a slow / fast memory, 8 values a thread at small M, no halving of
-    the tile at decode sizes) and earlier dispatches."""
+    the tile at decode sizes; 2 values a thread at decode sizes, run 22) and earlier dispatches."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     def with_device(**changes):
@@ -1013,6 +1016,7 @@ def act_variants():
         "mem-slow-join": changed(with_device(dram_bytes_per_s=1e9), join_loads=True),  # the one-row tile, joined
         "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
         "v8": with_device(small_values=(8,)),
+        "v2": with_device(small_values=(2, 4, 8)),  # 2 values a thread while the launch fits at 2: decode sizes
         "nohalve": with_device(min_programs_per_sm=0),
         "w8": with_device(tile_values=2048, max_warps=8),
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
