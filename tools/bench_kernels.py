@@ -1082,8 +1082,10 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     t("fused_swz_join", lambda x: fused(x, True, config=join), sets)
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
-    for name, pick in act_variants().items():
-        if (name not in variants) if variants is not None else activation != "silu":
+    shapes = act_variants()
+    names = variants if variants is not None else list(shapes) if activation == "silu" else []
+    for name, pick in shapes.items():
+        if name not in names:
             continue
         cfg = pick(m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
