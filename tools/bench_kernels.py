@@ -909,10 +909,15 @@ def gated_variants():
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
             "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4),
             "row128v2": one_row(128, 2)}  # fmt: skip
+
+    def norm_tile(rows: int, warps: int):
+        """Decode sizes: `rows` rows a program on `warps` warps, 8 codes a thread."""
+        return lambda group: tg.gated_norm_config(group)._replace(block_rows=rows, num_warps=warps, code_vector=8)
+
     norm = {
-        "bm1": lambda group: tg.gated_norm_config(group)._replace(block_rows=1, num_warps=1, code_vector=8),
-        "bm4": lambda group: tg.gated_norm_config(group)._replace(block_rows=4, num_warps=2, code_vector=8),
-        "bm1w2": lambda group: tg.gated_norm_config(group)._replace(block_rows=1, num_warps=2, code_vector=8),
+        "bm1": norm_tile(1, 1),
+        "bm4": norm_tile(4, 2),
+        "bm1w2": norm_tile(1, 2),
         "nofence": norm_rows(1, load_fence=False),
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),
@@ -1084,10 +1089,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
     shapes = act_variants()
     names = variants if variants is not None else list(shapes) if activation == "silu" else []
-    for name, pick in shapes.items():
-        if name not in names:
-            continue
-        cfg = pick(m, i, sm)
+    for name in names:
+        cfg = shapes[name](m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
     t("compiled", compiled, sets)
