@@ -135,9 +135,9 @@ DISPATCH_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536, 96]
 
 def every_launch_shape(i: int) -> set:
     """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
-    count, and the benchmark's other launch shapes (8 or 2 values a thread at small M or at large M on a slower
-    memory, no halving at decode sizes, more or fewer values per program, 8 warps, the column-first grid,
-    Triton's own bf16 -> fp32 converts, 16 codes per thread, 32 registers a thread, one warp a row)."""
+    count, and the benchmark's other launch shapes (8 values a thread at small M or at large M on a slower memory,
+    2 or 1 at decode sizes, no halving at decode sizes, more or fewer values per program, 8 warps, the column-first
+    grid, Triton's own bf16 -> fp32 converts, 16 codes per thread, 32 registers a thread, one warp a row)."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -147,6 +147,7 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count))
             out.add(act_mul_config(m, i, count, small_values=(8,)))
             out.add(act_mul_config(m, i, count, small_values=(2, 4, 8)))  # 2 a thread at decode sizes
+            out.add(act_mul_config(m, i, count, small_values=(1, 2, 4, 8)))  # 1 a thread (4 warps a 128 columns)
             out.add(act_mul_config(m, i, count, dram_bytes_per_s=1e9))  # slow memory: 8 a thread at large M
             out.add(act_mul_config(m, i, count, min_programs_per_sm=0))  # no halving at decode sizes
             out.add(act_mul_config(m, i, count, tile_values=1024))

@@ -868,7 +868,7 @@ def gated_variants():
     decode sizes: the gate one row a program ("row1024": 1024 columns on 4 warps, "row256": 256 on 1 warp, 8 a
     thread; "row128v4": 128 on 1 warp, 4 a thread), the norm one row on 1 warp ("bm1", 4 a thread) and 4 rows on 2
     ("bm4", 8 a thread). Run 22: 2 values a thread at decode sizes, "row128v2" (the gate's 128 columns on 2 warps)
-    and "bm1w2" (the norm's row on 2 warps)."""
+    and "bm1w2" (the norm's row on 2 warps); run 23: 1 value a thread, "row128v1" and "bm1w4" (on 4 warps)."""
     from mxfuse.ops import triton_gated_quant as tg
 
     def gate_tile(values: int, warps: int, **fields):
@@ -908,7 +908,7 @@ def gated_variants():
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
             "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4),
-            "row128v2": one_row(128, 2)}  # fmt: skip
+            "row128v2": one_row(128, 2), "row128v1": one_row(128, 1)}  # fmt: skip
 
     def norm_tile(rows: int, warps: int):
         """Decode sizes: `rows` rows a program on `warps` warps, 8 codes a thread."""
@@ -918,6 +918,7 @@ def gated_variants():
         "bm1": norm_tile(1, 1),
         "bm4": norm_tile(4, 2),
         "bm1w2": norm_tile(1, 2),
+        "bm1w4": norm_tile(1, 4),
         "nofence": norm_rows(1, load_fence=False),
         "cv8": norm_rows(1, code_vector=8),
         "v8": norm_rows(2, code_vector=8),
@@ -1022,6 +1023,7 @@ def act_variants():
         "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
         "v8": with_device(small_values=(8,)),
         "v2": with_device(small_values=(2, 4, 8)),  # 2 values a thread while the launch fits at 2: decode sizes
+        "v1": with_device(small_values=(1, 2, 4, 8)),  # 1 value a thread (128 columns on 4 warps) while it fits
         "nohalve": with_device(min_programs_per_sm=0),
         "w8": with_device(tile_values=2048, max_warps=8),
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
