@@ -9,7 +9,8 @@ what these tests pin bit for bit:
   just below, at and just above 448 * 2**e for every fp32 exponent (subnormals included),
   and NaN, +-Inf, zero and subnormal blocks, under both quant rules (`QuantRule`): the
   quant kernel against `reference.quantize_rows`. A change of the kernel's rule (`>` to
-  `>=` on the mantissa, say) fails here.
+  `>=` on the mantissa, say) fails here. The amax taken as an integer max of the
+  magnitudes' bits (`MxSpec.WARP_AMAX`) too.
 - the codes of values that are exact in e4m3 after scaling (an e4m3 value times a power of
   two: any rounding gives the same code): every code store's index math.
 - every store of both layouts: row-major scales with any row stride, F8_128x4 offsets and
@@ -125,6 +126,14 @@ CHECK_SCALES = textwrap.dedent(
         codes, scales = run_quant(x, swizzled, rule, config)
         _, want = want_scales(x, swizzled, rule)
         assert torch.equal(scales, want), (rule, swizzled, config, where(scales, want))
+    # the block amax on the magnitudes' bits (`MxSpec.WARP_AMAX`, the one-value-a-thread tiles' redux on NVIDIA,
+    # set by the launch only there): forced on here, integer arithmetic the interpreter computes exactly
+    outputs, launch = triton_mx_quant.quant_launch(x, False, isa="portable", config=small_tiles)
+    launch.constexprs["MX"] = launch.constexprs["MX"]._replace(WARP_AMAX=True)
+    poisoned(outputs)
+    launch.run()
+    _, want = want_scales(x, False, RULES[0])
+    assert torch.equal(outputs[1], want), ("WARP_AMAX", where(outputs[1], want))
     """
 )
 

@@ -106,6 +106,7 @@ from mxfuse.ops.triton_mx_quant import (
     producer_outputs,
     row_stride,
     rule_name,
+    warp_amax,
 )
 from mxfuse.ops.triton_targets import (
     NOMINAL_DRAM_BYTES_PER_S,
@@ -465,7 +466,8 @@ def act_mul_launch(
     join_zero = 0  # join_loads's zero: a kernel argument, so that ptxas cannot fold the join away
     args = (gate, up, dst, m, scale_rows, n_tiles, i, row_stride(gate, i), row_stride(up, i), float(alpha),
             float(limit), join_zero)  # fmt: skip
-    spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector)
+    spec = MxSpec(swizzled, bool(emit_y and quant), "hw", "in_place", rule_key, isa, cfg.code_vector,
+                  warp_amax(cfg.block_rows * cfg.block_cols, cfg.num_warps, isa))  # fmt: skip
     constexprs = dict(
         ACT=ACTIVATION_IDS[activation],
         ROUND_EACH_OP=bool(round_each_op),

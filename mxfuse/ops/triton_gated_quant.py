@@ -81,6 +81,7 @@ from mxfuse.ops.triton_mx_quant import (
     pad_programs,
     producer_outputs,
     rule_name,
+    warp_amax,
 )
 from mxfuse.ops.triton_norm_prologue import _pairwise_sum, _to_f32
 from mxfuse.ops.triton_targets import (
@@ -403,7 +404,8 @@ def gate_launch(
     # a rounded gate makes y a product of two bf16 values, which LLVM rounds with one HMUL2 a pair: pairing the
     # fp32 product's rounding instead would cost 56 instructions a thread (sm_90, K 4096)
     quant_ops = qcfg.quant_ops if round_gate else _paired(qcfg.quant_ops)
-    spec = MxSpec(swizzled, bool(emit_y and quant), quant_ops, qcfg.scale_store, rule_key, isa, cfg.code_vector)
+    spec = MxSpec(swizzled, bool(emit_y and quant), quant_ops, qcfg.scale_store, rule_key, isa, cfg.code_vector,
+                  warp_amax(cfg.block_rows * cfg.block_cols, cfg.num_warps, isa))  # fmt: skip
     constexprs = dict(
         QUANT=bool(quant),
         ROUND_GATE=bool(round_gate),
@@ -502,7 +504,7 @@ def gated_norm_launch(
     args = (x, z, weight, _dst(x, outputs, k), m, scale_rows, n_tiles, k, x.stride(0) if m > 1 else k,
             z.stride(0) if m > 1 else k, group_size, float(eps))  # fmt: skip
     spec = MxSpec(swizzled, bool(emit_y and quant), _paired(cfg.quant_ops), cfg.scale_store, rule_key, isa,
-                  cfg_n.code_vector)  # fmt: skip
+                  cfg_n.code_vector, warp_amax(bm * gp, warps, isa))  # fmt: skip
     constexprs = dict(
         G=group_size,
         GP=gp,

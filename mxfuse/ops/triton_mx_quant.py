@@ -107,6 +107,10 @@ class MxSpec(NamedTuple):
     """Contiguous codes per thread the code store is laid out for (a layout hint: the same bits for any of
     CODE_VECTORS): 8, the register layout of 16-byte bf16 loads (no layout conversion after a norm's loads),
     or 16 (one 16-byte store, and half a block per thread: one shuffle per block amax instead of two)."""
+    WARP_AMAX: bool = False
+    """The block amax on the magnitudes' bits (:func:`_amax_bits`; the same bits, default rule only): set where
+    the tile holds one value a thread on NVIDIA (:func:`warp_amax`), so that a block's 32 values span a warp and
+    Triton reduces them with one `redux.sync` instead of five shuffle levels."""
 
 
 # --------------------------------------------------------------------------- the epilogue
@@ -135,9 +139,30 @@ def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
+AMAX_BIAS = tl.constexpr(0x7FFFFF)
+"""Added to a magnitude's bits so that NaN's (above +Inf's 0x7F800000) wrap to negative int32 values."""
+FLT_MIN_BITS = tl.constexpr(0x00800000)
+
+
+@triton.jit
+def _amax_bits(v3):
+    """The bits of `max(maxNum(|v|) over the last axis, FLT_MIN)` by an int32 max: a non-NaN magnitude's bits
+    order as its value (0 .. 0x7F800000), and + AMAX_BIAS sends NaN's past INT32_MAX to negative values, below
+    every other magnitude's; the floor is applied before the bias is taken off (a block of only NaN: FLT_MIN).
+    Triton lowers an int32 max over a warp's 32 lanes to one `redux.sync.max.s32` (sm_80+)."""
+    biased = (v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF) + AMAX_BIAS
+    return tl.maximum(tl.max(biased, axis=2), FLT_MIN_BITS + AMAX_BIAS) - AMAX_BIAS
+
+
 @triton.jit
 def _mx_quant_tile(
-    v, BM: tl.constexpr, BC: tl.constexpr, QUANT_OPS: tl.constexpr, RULE: tl.constexpr, ISA: tl.constexpr
+    v,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    QUANT_OPS: tl.constexpr,
+    RULE: tl.constexpr,
+    ISA: tl.constexpr,
+    WARP_AMAX: tl.constexpr = False,
 ):
     """MXFP8 of a `[BM, BC]` fp32 tile: e4m3 codes `[BM, BC]` and E8M0 scales `[BM, BC/32]` (int32).
 
@@ -154,19 +179,24 @@ def _mx_quant_tile(
     by 1.0 instead of 2**127). The amax is then the NaN-propagating max (one `max.NaN` per
     element instead of maxNum: no extra instruction), so a NaN block is `amax != amax`;
     its scale is computed from FLT_MIN (the floor is maxNum) and then replaced.
+
+    WARP_AMAX (`MxSpec.WARP_AMAX`; default rule): the amax's bits by :func:`_amax_bits` (the same bits).
     """
     explicit: tl.constexpr = QUANT_OPS == "explicit" or ISA != "ptx"
     v3 = tl.reshape(v, [BM, BC // 32, 32])
-    a = tl.abs(v3)
-    if RULE == "torchao":
-        amax = tl.reduce(a, 2, _max_nan)
-        nan_block = amax != amax  # noqa: PLR0124  (NaN test)
+    if WARP_AMAX and RULE != "torchao":
+        bits = _amax_bits(v3)
     else:
-        if explicit:
-            a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
-        amax = tl.max(a, axis=2)
-    amax = tl.maximum(amax, FLT_MIN)  # maxNum: NaN -> FLT_MIN
-    bits = amax.to(tl.int32, bitcast=True)
+        a = tl.abs(v3)
+        if RULE == "torchao":
+            amax = tl.reduce(a, 2, _max_nan)
+            nan_block = amax != amax  # noqa: PLR0124  (NaN test)
+        else:
+            if explicit:
+                a = tl.where(a != a, 0.0, a)  # noqa: PLR0124  (NaN does not take part in the amax)
+            amax = tl.max(a, axis=2)
+        amax = tl.maximum(amax, FLT_MIN)  # maxNum: NaN -> FLT_MIN
+        bits = amax.to(tl.int32, bitcast=True)
     biased_exp = bits >> 23
     sb = biased_exp - FP8_MAX_EXP + ((bits & 0x7FFFFF) > FP8_MAX_MANTISSA).to(tl.int32)
     sb = tl.where(biased_exp == 255, SCALE_MAX, sb)  # +Inf amax (fp32 exponent field all ones)
@@ -309,12 +339,13 @@ def _mx_epilogue(
     ISA: tl.constexpr = MX.ISA
     SWIZZLED: tl.constexpr = MX.SWIZZLED
     SCALE_STORE: tl.constexpr = MX.SCALE_STORE
+    WARP_AMAX: tl.constexpr = MX.WARP_AMAX
     if MX.EMIT_Y:
         tl.store(dst.y_ptr + rows[:, None] * K + cols[None, :], y, mask=mask)
     if MX.QUANT_OPS == "hw-bf16x2" and y.dtype == tl.bfloat16 and not MX.EMIT_Y:
-        codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, ISA), BM, BC, QUANT_OPS, RULE, ISA)
+        codes, sb = _mx_quant_tile(_round_bf16_pairs(yf, ISA), BM, BC, QUANT_OPS, RULE, ISA, WARP_AMAX)
     else:
-        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
+        codes, sb = _mx_quant_tile(y.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA, WARP_AMAX)
     # MX.CODE_VECTOR codes per thread: 8 is the register layout of the 16-byte bf16 accesses, so no
     # shared-memory layout conversion between the loads and the code stores.
     CODE_VECTOR: tl.constexpr = MX.CODE_VECTOR  # a bundle field read as a constexpr (Triton 3.6 needs the annotation)
@@ -351,11 +382,12 @@ def _quant_kernel(x_ptr, stride_x, dst, M, scale_rows, K, BM: tl.constexpr, BC: 
     ISA: tl.constexpr = MX.ISA
     SWIZZLED: tl.constexpr = MX.SWIZZLED
     SCALE_STORE: tl.constexpr = MX.SCALE_STORE
+    WARP_AMAX: tl.constexpr = MX.WARP_AMAX
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA)
+    codes, sb = _mx_quant_tile(x.to(tl.float32), BM, BC, QUANT_OPS, RULE, ISA, WARP_AMAX)
     tl.store(dst.q_ptr + rows[:, None] * dst.stride_q + cols[None, :], codes, mask=mask)
     scols = tl.program_id(1) * (BC // 32) + tl.arange(0, BC // 32)
     _store_scales(
@@ -401,6 +433,12 @@ def check_k(k: int, where: str = "triton_norm_quant", what: str = "K"):
     """Rows of whole MXFP8 blocks: `what` (K, I) a multiple of 32."""
     if k % BLOCK:
         raise ValueError(f"{where}: {what}={k} is not a multiple of {BLOCK}")
+
+
+def warp_amax(tile_values: int, num_warps: int, isa: str) -> bool:
+    """`MxSpec.WARP_AMAX` of a tile of `tile_values` values on `num_warps` warps: one value a thread on NVIDIA
+    (elsewhere the integer max has no one-instruction form to pay for its two integer ops a value)."""
+    return isa == "ptx" and tile_values == 32 * num_warps
 
 
 def rule_name(rule) -> str:
@@ -504,7 +542,8 @@ def quant_launch(
     cfg = config or quant_config(k, m)
     grid = (triton.cdiv(scale_rows, cfg.block_rows), triton.cdiv(k, cfg.block_cols))
     args = (x, x.stride(0), mx_dst(x, codes, scales, k), m, scale_rows, k)
-    spec = MxSpec(bool(swizzled), False, cfg.quant_ops, cfg.scale_store, rule_, isa)
+    spec = MxSpec(bool(swizzled), False, cfg.quant_ops, cfg.scale_store, rule_, isa,
+                  WARP_AMAX=warp_amax(cfg.block_rows * cfg.block_cols, cfg.num_warps, isa))  # fmt: skip
     constexprs = dict(BM=cfg.block_rows, BC=cfg.block_cols, MX=spec)
     return (codes, scales), KernelLaunch(_quant_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False)
 
