@@ -335,10 +335,18 @@ def test_launch_shape_defaults_and_checks():
 
     h100 = 3.35e12  # 25 GB/s an SM: 8 values a thread at large M, as the act·mul
     decode = tg.GateConfig(1, 128, 1, 8)  # one row of 128 values on one warp
-    for m, k in ((1, 4096), (1, 96), (16, 8192), (33, 4096), (256, 512), (1056, 128)):  # <= 8 programs an SM
+    warp_row = tg.GateConfig(1, 128, 4, 8)  # ... on 4 warps, one value a thread (NVIDIA, <= 1 program an SM)
+    for m, k in ((1, 4096), (1, 96), (4, 4096), (16, 1024), (1, 16896)):  # <= 132 programs
+        assert tg.gate_config(k, m) == warp_row == tg.gate_config(k, m, dram=h100), (m, k)
+        assert tg.gate_config(k, m, isa="portable") == decode, (m, k)
+        assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
+    for m, k in ((4, 6144), (16, 8192), (33, 4096), (256, 512), (1056, 128)):  # <= 8 programs an SM
         assert tg.gate_config(k, m) == decode == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
-    assert tg.gate_config(4096, 33, sms=64) != decode  # the rule counts this GPU's SMs
+    assert tg.gate_config(4096, 33, sms=64) != decode and tg.gate_config(4096, 4, sms=64) == decode  # this GPU's SMs
+    la = tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="ptx")[1]
+    assert la.constexprs["MX"].WARP_AMAX and la.num_warps == 4  # the block amax is one redux there
+    assert not tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="portable")[1].constexprs["MX"].WARP_AMAX
     assert tg.gated_norm_config(256, 1, 4096) == tg.GatedNormConfig(1, 2, 8, groups_first=True)  # 4 a thread
     assert tg.gated_norm_config(6144, 1, 6144) == tg.gated_norm_config(6144)  # wide groups: the default tile
     la = tg.gated_norm_launch(meta(1, 8192), meta(1, 8192), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]

@@ -404,14 +404,14 @@ def bench_pdl_gated(pairs, ms, log=print):
     for `x * sigmoid(gate)` and the gated RMSNorm (groups of 128), each of the two launched with and without
     PDL; the producer alone for reference. Raises if any of the four differs in a bit from the plain launches."""
     from mxfuse.ops import triton_gated_quant as tg, triton_gemm
-    from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
+    from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
 
     dev = torch.device("cuda")
     rows = []
     for k, n in pairs:
         for m in ms:
             sets = pair_input_sets(m, k, n, weight_len=128)
-            gate_cfg = tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))
+            gate_cfg = tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev), device_isa(dev))
             norm_cfg = tg.gated_norm_config(128, m, k, sm_count(dev))
             producers = {
                 "gate": lambda d, p: tg.sigmoid_gate(d[0], d[1], quant=True, config=gate_cfg._replace(pdl=p)),

@@ -798,14 +798,14 @@ def bench_gated_point(k, m, compiled=None, log=print):
     t("norm_unfused", lambda x, z: ops.mxfp8_quantize(ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP)))
     t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
     from mxfuse.ops import triton_gated_quant as tg  # the default in the other grid order (groups / row tiles first)
-    from mxfuse.ops.triton_targets import dram_bytes_per_s, sm_count
+    from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
 
     dev = torch.device("cuda")
     norm_default = tg.gated_norm_config(GATED_GROUP, m, k, sm_count(dev))  # this GPU's, at this (M, K)
     flipped = norm_default._replace(groups_first=not norm_default.groups_first)
     t("norm_fused_other_grid", lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=flipped))
     gate_variants, norm_variants = gated_variants()
-    res["gate_default_cfg"] = list(tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev))[:3])  # this GPU's
+    res["gate_default_cfg"] = list(tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev), device_isa(dev))[:3])
     for name, pick in gate_variants.items():
         cfg = pick(k, m)
         res[f"gate_cfg:{name}"] = list(cfg)

@@ -130,6 +130,16 @@ against 2.70), slower from M x K / 128 = 2048 programs (K 4096 M 64: 2.95 agains
 (K 8192 M 1: 2.08 against 2.24; K 4096 M 64: 3.05 against 2.94)."""
 
 
+WARP_ROW_PROGRAMS_PER_SM = 1
+"""Up to this many programs an SM of one 128-column block, the gate runs that block on 4 warps, one value a thread,
+on NVIDIA: its chain is then the shortest (the eager sigmoid's correctly rounded division is ~30 instructions a
+value, which one warp of 4 values a thread issues one after another) and the block amax one `redux.sync`
+(`MxSpec.WARP_AMAX`). H100 (run 23): 0.08-0.16 µs faster at M 1 for every K 512-8192 (K 8192: 1.96 against 2.07;
+K 512: 1.76 against 1.92), and wherever the launch has at most ~1 program an SM (K 4096 M 4: 2.09 against 2.15; K
+1024 M 16: 2.08 against 2.12); slower from ~1.5 (K 6144 M 4, 192 programs: 2.26 against 2.16; K 2048 M 16: 2.42
+against 2.20). Off NVIDIA (wave64, no redux) not measured: the 4-values tile."""
+
+
 def is_decode_launch(programs: int, sms: int) -> bool:
     """Whether a launch of `programs` one-warp programs is at decode size (`DECODE_PROGRAMS_PER_SM`)."""
     return programs <= DECODE_PROGRAMS_PER_SM * sms
@@ -178,14 +188,20 @@ def _check_shape(cfg: GateConfig | GatedNormConfig, dims: tuple[int, ...]) -> No
         raise ValueError(f"triton_gated_quant: {cfg} (powers of two, <= 16 warps, code_vector in {CODE_VECTORS})")
 
 
-def gate_config(k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DRAM_BYTES_PER_S) -> GateConfig:
+def gate_config(
+    k: int, m: int, sms: int = NOMINAL_SMS, dram: float = NOMINAL_DRAM_BYTES_PER_S, isa: Isa = "ptx"
+) -> GateConfig:
     """The gate's default launch shape: the quant kernel's `quant_config(k, m)` tile (4096 values, 16 a
     thread), its rows cut to 8 values a thread where the act·mul takes 8 (`values_per_thread`: while the
     launch fits in the SMs' resident threads at 8, and at large M on a memory below 30 GB/s an SM).
     H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
     M 4096-16384 (docs/perf_notes.md, run 15). At decode sizes (`DECODE_PROGRAMS_PER_SM`) one row of 128
-    columns on one warp, 4 values a thread. The gate is elementwise: any tile gives the same bits."""
-    if is_decode_launch(m * triton.cdiv(k, MIN_GROUP_TILE), sms):
+    columns on one warp, 4 values a thread, and on 4 warps, one value a thread, while that is at most
+    `WARP_ROW_PROGRAMS_PER_SM` programs an SM on NVIDIA. The gate is elementwise: any tile gives the same bits."""
+    programs = m * triton.cdiv(k, MIN_GROUP_TILE)
+    if isa == "ptx" and programs <= WARP_ROW_PROGRAMS_PER_SM * sms:
+        return GateConfig(1, MIN_GROUP_TILE, MIN_GROUP_TILE // 32, code_vector=8)
+    if is_decode_launch(programs, sms):
         return GateConfig(1, MIN_GROUP_TILE, 1, code_vector=8)
     cfg = quant_config(k, m)
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
@@ -394,7 +410,7 @@ def gate_launch(
     if scale_rows == 0:
         return outputs, None
     qcfg = quant_config(k, m)  # the quant variant (quant_ops, scale_store) of the quant kernel
-    cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device))
+    cfg = config or gate_config(k, m, sm_count(x.device), dram_bytes_per_s(x.device), isa)
     _check_shape(cfg, (cfg.block_rows, cfg.block_cols, cfg.block_cols // MIN_GROUP_TILE))
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
     n_tiles, n_pad = pad_programs(m, scale_rows, cfg.block_rows, swizzled)
