@@ -1090,8 +1090,9 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     t("unfused", unfused, sets)
     t("act", lambda x: taq.act_mul(x[:, :i], x[:, i:], activation, quant=False), sets)
     shapes = act_variants()
-    names = variants if variants is not None else list(shapes) if activation == "silu" else []
-    for name in names:
+    if variants is None:  # unnamed: every launch shape for SiLU, none for the other activations
+        variants = list(shapes) if activation == "silu" else []
+    for name in variants:
         cfg = shapes[name](m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
