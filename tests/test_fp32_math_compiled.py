@@ -1,10 +1,11 @@
 """The producers' written-out fp32 arithmetic is still the library's, as the Triton installed here compiles it.
 
-mxfuse/ops/triton_fp32_math.py writes out three pieces of NVIDIA code so that the kernels issue fewer
+mxfuse/ops/triton_fp32_math.py writes out four pieces of NVIDIA code so that the kernels issue fewer
 instructions with the same bits: libdevice's `__nv_expf` (its saturate folded into the first FMA),
 `n / (1 + e)` by `div.full.f32`'s scaled path (Triton's `/`: the equality rests on that path being the operands
-times 1/4 and one `rcp.approx`, which is what these tests pin down), and libdevice's `__nv_tanhf` (both sides of
-its branch computed, one selected). The GPU tests
+times 1/4 and one `rcp.approx`, which is what these tests pin down), libdevice's `__nv_tanhf` (both sides of
+its branch computed, one selected), and the correctly rounded `1 / d` by the fast path of ptxas's own
+`rcp.rn.f32` (its instructions and its exponent range pinned here). The GPU tests
 (tests/test_gpu_fp32_math.py) prove the bits on the device they run on; these tests, on a CPU, compile
 both the library's code and ours for sm_90 and sm_100 and fail if a Triton / libdevice / ptxas update
 changed the library's side (a constant, an instruction, a threshold), so the copy cannot go stale unseen.
@@ -24,7 +25,7 @@ tl = pytest.importorskip("triton.language")
 
 from triton.language.extra import libdevice  # noqa: E402
 
-from mxfuse.ops.triton_fp32_math import div_one_plus, exp_f32, tanh_f32  # noqa: E402
+from mxfuse.ops.triton_fp32_math import RCP_RN_PACKS, div_one_plus, exp_f32, rcp_rn_f32, tanh_f32  # noqa: E402
 
 ARCHS = (90, 100)
 
@@ -54,6 +55,19 @@ def _our_division(x_ptr, e_ptr, y_ptr):
 
 
 @triton.jit
+def _ptxas_rcp_rn(x_ptr, y_ptr):
+    offs = tl.arange(0, 128)
+    d = tl.load(x_ptr + offs)
+    tl.store(y_ptr + offs, tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=r,r", [d], tl.float32, True, 1))
+
+
+@triton.jit
+def _our_rcp_rn(x_ptr, y_ptr, PACK: tl.constexpr):
+    offs = tl.arange(0, 128)  # one warp: 4 values a thread
+    tl.store(y_ptr + offs, rcp_rn_f32(tl.load(x_ptr + offs), "ptx", PACK))
+
+
+@triton.jit
 def _libdevice_tanh(x_ptr, y_ptr):
     offs = tl.arange(0, 128)
     tl.store(y_ptr + offs, libdevice.tanh(tl.load(x_ptr + offs)))
@@ -65,16 +79,15 @@ def _our_tanh(x_ptr, y_ptr):
     tl.store(y_ptr + offs, tanh_f32(tl.load(x_ptr + offs), "ptx"))
 
 
-def compile_for(kernel, n_pointers: int, arch: int):
+def compile_for(kernel, n_pointers: int, arch: int, num_warps: int = 4, **constexprs):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
-    signature = dict.fromkeys(names[:n_pointers], "*fp32")
+    signature = dict.fromkeys(names[:n_pointers], "*fp32") | dict.fromkeys(constexprs, "constexpr")
     # as the producer kernels are launched: no FMA contraction (`KernelLaunch(fp_fusion=False)`)
-    return triton.compile(
-        ASTSource(kernel, signature, {}), target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False}
-    )
+    options = {"enable_fp_fusion": False, "num_warps": num_warps}
+    return triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def float_ops(ptx: str) -> list[str]:
@@ -90,7 +103,7 @@ def float_ops(ptx: str) -> list[str]:
     return out
 
 
-def sass(compiled) -> list[str]:
+def sass(compiled, keep: str = r"(FSETP|FMUL|MUFU|FFMA|FSEL|FCHK)") -> list[str]:
     from triton.backends.nvidia import compiler as nvidia
 
     cuobjdump = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
@@ -101,7 +114,7 @@ def sass(compiled) -> list[str]:
     finally:
         os.unlink(f.name)
     lines = [re.sub(r";.*", "", line).split("*/", 1)[-1].strip() for line in text.splitlines()]
-    return [line for line in lines if re.match(r"(@!?P\d )?(FSETP|FMUL|MUFU|FFMA|FSEL|FCHK)", line)]
+    return [line for line in lines if re.match(r"(@!?P\d )?" + keep, line)]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -161,3 +174,35 @@ def test_tanh_f32_is_libdevices_tanhf_without_its_branch(arch):
     expected = ["and.b32", "abs.ftz.f32", "setp.ltu.f32", *polynomial, *exponential, *sign]  # and.b32: addressing
     assert tanh_ops(theirs) == expected, "libdevice's tanhf compiles to other instructions now"
     assert tanh_ops(ours) == [*expected, "selp.f32"]  # the branch, as a select
+
+
+def _shape(lines: list[str]) -> list[str]:
+    """SASS lines with registers, predicates and branch targets generalized."""
+    lines = [re.sub(r"\bR\d+\b", "R", re.sub(r"\bP\d\b", "P", line)).replace(".reuse", "") for line in lines]
+    return [re.sub(r"BRA\b.*", "BRA", line) for line in lines]
+
+
+def _has_run(lines: list[str], run: list[str]) -> bool:
+    return any(lines[i : i + len(run)] == run for i in range(len(lines)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rcp_rn_f32_is_ptxas_rcp_rn_fast_path_behind_one_test(arch):
+    """ptxas's `rcp.rn.f32`: an exponent-field test (fields 1..252 take the fast path), then `MUFU.RCP` and
+    `r + r * -(d * r - 1)`. Ours: `d >= 2**126` or NaN in any of PACK values (for d >= 1 the same range) sends
+    all PACK to `div.rn`, else PACK times the same instructions (the negation folded into the last FMA)."""
+    keep = r"(FSETP|FADD|MUFU|FFMA|FCHK|VIADD|LOP3|ISETP|BRA)"
+    theirs = _shape(sass(compile_for(_ptxas_rcp_rn, 2, arch), keep))
+    check = ["VIADD R, R, 0x1800000", "LOP3.LUT R, R, 0x7f800000, RZ, 0xc0, !PT"]
+    check.append("ISETP.GT.U32.AND P, PT, R, 0x1ffffff, PT")
+    fast = ["MUFU.RCP R, R", "FFMA R, R, R, -1", "FADD.FTZ R, -R, -RZ", "FFMA R, R, R, R"]
+    assert _has_run(theirs, check) and _has_run(theirs, fast), f"ptxas's rcp.rn.f32 compiles differently now: {theirs}"
+    for pack in RCP_RN_PACKS:  # one warp, 128 values: 4 a thread, 4 / PACK tests
+        ours = _shape(sass(compile_for(_our_rcp_rn, 2, arch, num_warps=1, PACK=pack), keep))
+        ours = [re.sub(r"^@!?P ", "", line) for line in ours]  # ptxas may predicate a short path, not branch
+        test = ["FSETP.GEU.AND P, PT, R, 8.50705917302346158658e+37, PT"]
+        test += ["FSETP.GEU.OR P, PT, R, 8.50705917302346158658e+37, P"] * (pack - 1)
+        start = next((i + pack for i in range(len(ours)) if ours[i : i + pack] == test), None)
+        assert start is not None, (pack, ours)
+        path = [line for line in ours[start:] if line != "BRA"][: 3 * pack]
+        assert sorted(path) == sorted(["MUFU.RCP R, R", "FFMA R, R, R, -1", "FFMA R, R, -R, R"] * pack), (pack, ours)

@@ -347,6 +347,9 @@ def test_launch_shape_defaults_and_checks():
     la = tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="ptx")[1]
     assert la.constexprs["MX"].WARP_AMAX and la.num_warps == 4  # the block amax is one redux there
     assert not tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="portable")[1].constexprs["MX"].WARP_AMAX
+    for cfg, pack in ((warp_row, 1), (tg.GateConfig(1, 128, 2, 8), 2), (decode, 4), (tg.GateConfig(2, 1024, 4), 4)):
+        la = tg.gate_launch(meta(64, 4096), meta(64, 4096), quant=True, isa="ptx", config=cfg)[1]
+        assert la.constexprs["RCP_PACK"] == pack, cfg  # the sigmoid's reciprocals: as many as divide a thread's
     assert tg.gated_norm_config(256, 1, 4096) == tg.GatedNormConfig(1, 2, 8, groups_first=True)  # 4 a thread
     assert tg.gated_norm_config(6144, 1, 6144) == tg.gated_norm_config(6144)  # wide groups: the default tile
     la = tg.gated_norm_launch(meta(1, 8192), meta(1, 8192), meta(128), 1e-6, 128, quant=True, isa="ptx")[1]

@@ -8,6 +8,9 @@
   below 2**-124 in magnitude: the function's condition) and the sigmoid's `n = 1` on every fp32 x; and for
   random bf16 / fp16 numerators against random `e >= 0` of every exponent, inf, NaN and the 2**126 edge where
   `div.full` rescales;
+- `rcp_rn_f32(d)` (ptxas's `rcp.rn.f32` fast path behind one test for PACK values) returns the bits of
+  `div_rn(1, d)` on every fp32 d >= 1, inf and NaN, for every PACK, also with fast and slow values mixed in a
+  pack; `sigmoid_f32(x, ROUNDED_DIV=True)` those of `div_rn(1, 1 + exp(-x))` on every fp32 x;
 - `silu_f32` of every bf16 and every fp16 value is what Inductor computes for `F.silu` of fp32
   (torch.compile, default options: `libdevice.exp`, Triton's `/`), bit for bit.
 
@@ -24,7 +27,16 @@ from gpu_helpers import DEVICE, gpu_test
 from test_act_mul_ops import every_value
 from triton.language.extra import libdevice
 
-from mxfuse.ops.triton_fp32_math import div_one_plus, exp_f32, exp_neg_f32, silu_f32, tanh_f32
+from mxfuse.ops.triton_fp32_math import (
+    RCP_RN_PACKS,
+    div_one_plus,
+    exp_f32,
+    exp_neg_f32,
+    rcp_rn_f32,
+    sigmoid_f32,
+    silu_f32,
+    tanh_f32,
+)
 from mxfuse.testing import assert_same_values
 
 pytestmark = pytest.mark.skipif(torch.version.hip is not None, reason="the 'ptx' arithmetic is NVIDIA's")
@@ -80,6 +92,32 @@ def _division_mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr):
     one = tl.full(x.shape, 1.0, tl.float32)
     sigmoid_same = _same_bits(div_one_plus(one, e, "ptx"), one / (1.0 + e))
     tl.atomic_add(count_ptr + 1, tl.sum(tl.where(live & ~sigmoid_same, 1, 0), axis=0))
+
+
+@triton.jit
+def _rcp_mismatches(count_ptr, first_bits, n, BLOCK: tl.constexpr, PACK: tl.constexpr):
+    """count_ptr[0]: fp32 d (bits from first_bits) where `rcp_rn_f32(d)` is not `div_rn(1, d)` bit for bit (NaN
+    included); [1]: x where `sigmoid_f32(x, ROUNDED_DIV=True)` is not `div_rn(1, 1 + exp_neg_f32(x))`."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    v = (first_bits + offs).to(tl.uint32).to(tl.int32, bitcast=True).to(tl.float32, bitcast=True)
+    live = offs < n
+    one = tl.full(v.shape, 1.0, tl.float32)
+    rcp = rcp_rn_f32(v, "ptx", PACK).to(tl.int32, bitcast=True)
+    rcp_same = rcp == tl.math.div_rn(one, v).to(tl.int32, bitcast=True)
+    in_domain = (v >= 1.0) | (v != v)
+    tl.atomic_add(count_ptr, tl.sum(tl.where(live & in_domain & ~rcp_same, 1, 0), axis=0))
+    reference = tl.math.div_rn(one, 1.0 + exp_neg_f32(v, "ptx")).to(tl.int32, bitcast=True)
+    sigmoid_same = sigmoid_f32(v, "ptx", ROUNDED_DIV=True, PACK=PACK).to(tl.int32, bitcast=True) == reference
+    tl.atomic_add(count_ptr + 1, tl.sum(tl.where(live & ~sigmoid_same, 1, 0), axis=0))
+
+
+@triton.jit
+def _rcp_pair(d_ptr, ours_ptr, theirs_ptr, n, BLOCK: tl.constexpr, PACK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    d = tl.load(d_ptr + offs, mask=mask, other=1.0)
+    tl.store(ours_ptr + offs, rcp_rn_f32(d, "ptx", PACK), mask=mask)
+    tl.store(theirs_ptr + offs, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), d), mask=mask)
 
 
 @triton.jit
@@ -142,6 +180,28 @@ def test_div_one_plus_is_tritons_division_for_silu_and_sigmoid_on_every_fp32_inp
     silu, sigmoid = count.tolist()
     assert silu == 0, f"div_one_plus(x, exp(-x)) differs from x / (1 + exp(-x)) on {silu} fp32 inputs"
     assert sigmoid == 0, f"div_one_plus(1, exp(-x)) differs from 1 / (1 + exp(-x)) on {sigmoid} fp32 inputs"
+
+
+@gpu_test
+@pytest.mark.parametrize("pack", RCP_RN_PACKS)
+def test_rcp_rn_f32_and_the_eager_sigmoid_are_div_rn_on_every_fp32_input(pack):
+    count = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for first in range(0, 1 << 32, CHUNK):
+        _rcp_mismatches[(CHUNK // BLOCK,)](count, first, CHUNK, BLOCK=BLOCK, PACK=pack)
+    rcp, sigmoid = count.tolist()
+    assert rcp == 0, f"rcp_rn_f32 (PACK {pack}) differs from div_rn(1, d) on {rcp} fp32 d >= 1 or NaN"
+    assert sigmoid == 0, f"sigmoid_f32 (PACK {pack}) differs from div_rn(1, 1 + exp(-x)) on {sigmoid} fp32 x"
+    # fast and slow values (d >= 2**126, inf, NaN of either sign) side by side in one pack
+    g = torch.Generator().manual_seed(pack)
+    n = 1 << 22
+    d = 1.0 + addends(n, g)
+    d[torch.randperm(n, generator=g)[: n // 8]] = torch.tensor([float("nan"), -float("nan"), 2.0**126, 3e38]).repeat(
+        n // 32
+    )
+    d = d.to(DEVICE)
+    ours, theirs = torch.empty_like(d), torch.empty_like(d)
+    _rcp_pair[(triton.cdiv(n, BLOCK),)](d, ours, theirs, n, BLOCK=BLOCK, PACK=pack)
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), f"rcp_rn_f32 (PACK {pack}) vs div_rn"
 
 
 @gpu_test

@@ -61,6 +61,8 @@ __all__ = [
     "exp_f32",
     "exp_neg_f32",
     "math_of",
+    "rcp_pack",
+    "rcp_rn_f32",
     "sigmoid_f32",
     "silu_f32",
     "tanh_f32",
@@ -185,27 +187,74 @@ def div_one_plus(n, e, MATH: tl.constexpr):
         return n / (1.0 + e)
 
 
+RCP_RN_PACKS = (1, 2, 4)
+"""The values one :func:`rcp_rn_f32` block takes (its inline PTX's `pack`)."""
+
+
+def _rcp_rn_ptx(pack: int) -> str:
+    """PTX of :func:`rcp_rn_f32` for `pack` values: outputs `$0..`, inputs `$pack..`. `${:uid}` makes the labels
+    of each inlined copy unique."""
+    ins = [f"${pack + i}" for i in range(pack)]
+    lines = ["{", ".reg .pred slow;", ".reg .f32 r, e;", f"setp.geu.f32 slow, {ins[0]}, 0f7E800000;"]
+    lines += [f"setp.geu.or.f32 slow, {d}, 0f7E800000, slow;" for d in ins[1:]]
+    lines.append("@slow bra.uni RCP_SLOW${:uid};")
+    for i, d in enumerate(ins):
+        lines += [f"rcp.approx.ftz.f32 r, {d};", f"fma.rn.f32 e, {d}, r, 0fBF800000;", "neg.f32 e, e;",
+                  f"fma.rn.f32 ${i}, r, e, r;"]  # fmt: skip
+    lines += ["bra.uni RCP_DONE${:uid};", "RCP_SLOW${:uid}:"]
+    lines += [f"div.rn.f32 ${i}, 0f3F800000, {d};" for i, d in enumerate(ins)]
+    lines += ["RCP_DONE${:uid}:", "}"]
+    return "\n".join(lines)
+
+
+RCP_RN_PTX_1 = tl.constexpr(_rcp_rn_ptx(1))
+RCP_RN_PTX_2 = tl.constexpr(_rcp_rn_ptx(2))
+RCP_RN_PTX_4 = tl.constexpr(_rcp_rn_ptx(4))
+
+
 @triton.jit
-def _over_one_plus_exp_neg(n, x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr):
-    """`n / (1 + exp(-x))`: Inductor's `/`, or with ROUNDED_DIV the correctly rounded `div_rn` of torch's eager
-    CUDA kernels. `n` is 1 or x, a bf16 / fp16 value widened (`div_one_plus`'s condition)."""
+def rcp_rn_f32(d, MATH: tl.constexpr, PACK: tl.constexpr = 1):
+    """`div_rn(1, d)` for `d >= 1`, +inf or NaN (the sigmoid's `1 + exp(-x)`), the same bits in fewer
+    instructions on NVIDIA. ptxas expands `div.rn.f32` into a reciprocal, five FMAs, a range check and a branch
+    a value; its own `rcp.rn.f32` is `rcp.approx`, two FMAs and an exponent-range branch a value. Here that fast
+    path (`r = rcp.approx(d)`, `r + r * (1 - d * r)`: correctly rounded for every d with an exponent field in
+    [1, 252], which ptxas relies on) runs for PACK values at once behind one test: `d >= 2**126` or NaN in any
+    of them sends all PACK to `div.rn` (the results that are subnormal, 0 or NaN). ~4 instructions a value
+    instead of ~10 (tests/test_gpu_fp32_math.py compares it with `div_rn` on every fp32 from 1 up, NaN too).
+    PACK (1, 2 or 4) must divide the values a thread holds."""
+    if MATH == "ptx":
+        if PACK == 4:
+            return tl.inline_asm_elementwise(RCP_RN_PTX_4, "=r,=r,=r,=r,r,r,r,r", [d], dtype=tl.float32,
+                                             is_pure=True, pack=4)  # fmt: skip
+        elif PACK == 2:
+            return tl.inline_asm_elementwise(RCP_RN_PTX_2, "=r,=r,r,r", [d], dtype=tl.float32, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise(RCP_RN_PTX_1, "=r,r", [d], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), d)
+
+
+def rcp_pack(values_per_thread: int) -> int:
+    """The largest of `RCP_RN_PACKS` dividing a thread's values."""
+    return max(p for p in RCP_RN_PACKS if values_per_thread % p == 0)
+
+
+@triton.jit
+def silu_f32(x, MATH: tl.constexpr):
+    """`x / (1 + exp(-x))` (torch's decomposition of `F.silu`) with Inductor's `/` (`div_one_plus`: x is a
+    bf16 / fp16 value widened)."""
+    return div_one_plus(x, exp_neg_f32(x, MATH), MATH)
+
+
+@triton.jit
+def sigmoid_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False, PACK: tl.constexpr = 1):
+    """`1 / (1 + exp(-x))`: Inductor's `/`, or with ROUNDED_DIV the correctly rounded division of torch's eager
+    CUDA kernels (`rcp_rn_f32`, PACK values at a time)."""
     e = exp_neg_f32(x, MATH)
     if ROUNDED_DIV:
-        return tl.math.div_rn(n, 1.0 + e)
+        return rcp_rn_f32(1.0 + e, MATH, PACK)
     else:
-        return div_one_plus(n, e, MATH)
-
-
-@triton.jit
-def silu_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
-    """`x / (1 + exp(-x))` (torch's decomposition of `F.silu`)."""
-    return _over_one_plus_exp_neg(x, x, MATH, ROUNDED_DIV)
-
-
-@triton.jit
-def sigmoid_f32(x, MATH: tl.constexpr, ROUNDED_DIV: tl.constexpr = False):
-    """`1 / (1 + exp(-x))`."""
-    return _over_one_plus_exp_neg(tl.full(x.shape, 1.0, tl.float32), x, MATH, ROUNDED_DIV)
+        return div_one_plus(tl.full(x.shape, 1.0, tl.float32), e, MATH)
 
 
 @triton.jit

@@ -67,7 +67,7 @@ from mxfuse.ops.mx_layout import SWIZZLE_COLUMN_TILE, padded_scale_columns
 from mxfuse.ops.norm_quant_config import NOMINAL_SMS, next_pow2, quant_config
 from mxfuse.ops.reference import QuantRule
 from mxfuse.ops.triton_act_quant import values_per_thread
-from mxfuse.ops.triton_fp32_math import math_of, sigmoid_f32, silu_f32
+from mxfuse.ops.triton_fp32_math import math_of, rcp_pack, sigmoid_f32, silu_f32
 from mxfuse.ops.triton_mx_quant import (
     CODE_VECTORS,
     COLUMN_TILE,
@@ -257,6 +257,7 @@ def _gate_kernel(
     PAD_PROGRAMS: tl.constexpr,
     MX: tl.constexpr,
     MATH: tl.constexpr,
+    RCP_PACK: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     """`y = x * sigmoid(gate)` of a `[BM, BC]` tile (the sigmoid rounded to the dtype first when ROUND_GATE);
@@ -274,7 +275,7 @@ def _gate_kernel(
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         g = tl.load(g_ptr + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0)
         ISA: tl.constexpr = MX.ISA  # bundle fields passed on as arguments: constexprs
-        s = sigmoid_f32(_to_f32(g, "bits", ISA), MATH, ROUNDED_DIV=True)
+        s = sigmoid_f32(_to_f32(g, "bits", ISA), MATH, ROUNDED_DIV=True, PACK=RCP_PACK)
         if ROUND_GATE:
             s = s.to(x.dtype).to(tl.float32)
         yf = x.to(tl.float32) * s  # (a bf16 x bf16 product LLVM rounds with one HMUL2 when ROUND_GATE: a cvt)
@@ -431,6 +432,7 @@ def gate_launch(
         PAD_PROGRAMS=n_pad > 0,
         MX=spec,
         MATH=math_of(x.device, isa),
+        RCP_PACK=rcp_pack(max(1, cfg.block_rows * cfg.block_cols // (32 * cfg.num_warps))),
         PDL=hints.pdl,
     )
     return outputs, KernelLaunch(_gate_kernel, grid, args, constexprs, cfg.num_warps, fp_fusion=False,
