@@ -71,6 +71,14 @@ def test_gate_equals_torch_cuda_eager(dtype):
     x = torch.randn(4096, 2048, generator=g, device=DEVICE).to(dtype)
     gate = (8 * torch.randn(4096, 2048, generator=g, device=DEVICE)).to(dtype)
     assert_bitwise(ops.sigmoid_gate(x, gate), x * torch.sigmoid(gate))
+    # the sigmoid's tail, where 1 + exp(-g) >= 2**126 takes the kernel's div.rn (subnormal and zero sigmoids), beside
+    # ordinary values in the same rows, and x large enough to carry a subnormal sigmoid into a normal product
+    big = torch.finfo(dtype).max / 4
+    tail = torch.empty(1024, 2048, device=DEVICE).uniform_(-110, -80, generator=g)
+    tail[:, ::5] = 8 * torch.randn(1024, 410, generator=g, device=DEVICE)
+    tail[0, :4] = torch.tensor([float("nan"), -float("inf"), float("inf"), -88.72])
+    xs = torch.randn(1024, 2048, generator=g, device=DEVICE) * big
+    assert_bitwise(ops.sigmoid_gate(xs.to(dtype), tail.to(dtype)), xs.to(dtype) * torch.sigmoid(tail.to(dtype)))
 
 
 # ---------------------------------------------------------------- gated_rms_norm

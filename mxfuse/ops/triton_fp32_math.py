@@ -192,16 +192,17 @@ RCP_RN_PACKS = (1, 2, 4)
 
 
 def _rcp_rn_ptx(pack: int) -> str:
-    """PTX of :func:`rcp_rn_f32` for `pack` values: outputs `$0..`, inputs `$pack..`. `${:uid}` makes the labels
-    of each inlined copy unique."""
+    """PTX of :func:`rcp_rn_f32` for `pack` values: outputs `$0..`, inputs `$pack..`. The fast path first, for
+    every value (no predicate in front of its reciprocals), then the test and the branch to `div.rn`, which
+    overwrites them. `${:uid}` makes the label of each inlined copy unique."""
     ins = [f"${pack + i}" for i in range(pack)]
-    lines = ["{", ".reg .pred slow;", ".reg .f32 r, e;", f"setp.geu.f32 slow, {ins[0]}, 0f7E800000;"]
-    lines += [f"setp.geu.or.f32 slow, {d}, 0f7E800000, slow;" for d in ins[1:]]
-    lines.append("@slow bra.uni RCP_SLOW${:uid};")
+    lines = ["{", ".reg .pred slow;", ".reg .f32 r, e;"]
     for i, d in enumerate(ins):
         lines += [f"rcp.approx.ftz.f32 r, {d};", f"fma.rn.f32 e, {d}, r, 0fBF800000;", "neg.f32 e, e;",
                   f"fma.rn.f32 ${i}, r, e, r;"]  # fmt: skip
-    lines += ["bra.uni RCP_DONE${:uid};", "RCP_SLOW${:uid}:"]
+    lines.append(f"setp.geu.f32 slow, {ins[0]}, 0f7E800000;")
+    lines += [f"setp.geu.or.f32 slow, {d}, 0f7E800000, slow;" for d in ins[1:]]
+    lines.append("@!slow bra.uni RCP_DONE${:uid};")
     lines += [f"div.rn.f32 ${i}, 0f3F800000, {d};" for i, d in enumerate(ins)]
     lines += ["RCP_DONE${:uid}:", "}"]
     return "\n".join(lines)
@@ -218,10 +219,11 @@ def rcp_rn_f32(d, MATH: tl.constexpr, PACK: tl.constexpr = 1):
     instructions on NVIDIA. ptxas expands `div.rn.f32` into a reciprocal, five FMAs, a range check and a branch
     a value; its own `rcp.rn.f32` is `rcp.approx`, two FMAs and an exponent-range branch a value. Here that fast
     path (`r = rcp.approx(d)`, `r + r * (1 - d * r)`: correctly rounded for every d with an exponent field in
-    [1, 252], which ptxas relies on) runs for PACK values at once behind one test: `d >= 2**126` or NaN in any
-    of them sends all PACK to `div.rn` (the results that are subnormal, 0 or NaN). ~4 instructions a value
-    instead of ~10 (tests/test_gpu_fp32_math.py compares it with `div_rn` on every fp32 from 1 up, NaN too).
-    PACK (1, 2 or 4) must divide the values a thread holds."""
+    [1, 252], which ptxas relies on) runs for every value, then one test for PACK values: `d >= 2**126` or NaN
+    in any of them recomputes all PACK with `div.rn` (the results that are subnormal, 0 or NaN). ~4
+    instructions a value instead of ~10, and nothing in front of the reciprocal (tests/test_gpu_fp32_math.py
+    compares it with `div_rn` on every fp32 from 1 up, NaN too). PACK (1, 2 or 4) must divide the values a
+    thread holds."""
     if MATH == "ptx":
         if PACK == 4:
             return tl.inline_asm_elementwise(RCP_RN_PTX_4, "=r,=r,=r,=r,r,r,r,r", [d], dtype=tl.float32,
