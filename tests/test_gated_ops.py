@@ -344,6 +344,12 @@ def test_launch_shape_defaults_and_checks():
         assert tg.gate_config(k, m) == decode == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
     assert tg.gate_config(4096, 33, sms=64) != decode and tg.gate_config(4096, 4, sms=64) == decode  # this GPU's SMs
+    for m, k in ((64, 4096), (64, 8192), (256, 1024), (256, 2048), (1024, 512)):  # one row a program: <= 16 warps an SM
+        row = tg.GateConfig(1, min(1024, k), min(1024, k) // 256, code_vector=8)
+        assert tg.gate_config(k, m) == row == tg.gate_config(k, m, dram=h100), (m, k)
+        assert tg.gate_config(k, m, isa="portable").block_rows > 1, (m, k)  # NVIDIA only
+    assert tg.gate_config(8192, 64, sms=64).block_rows > 1  # 2048 warps: 32 an SM on 64 SMs
+    assert tg.gate_config(4096, 256).block_rows > 1 and tg.gate_config(1024, 1024).block_rows > 1  # 4096 warps
     la = tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="ptx")[1]
     assert la.constexprs["MX"].WARP_AMAX and la.num_warps == 4  # the block amax is one redux there
     assert not tg.gate_launch(meta(1, 4096), meta(1, 4096), quant=True, isa="portable")[1].constexprs["MX"].WARP_AMAX

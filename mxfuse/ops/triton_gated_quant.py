@@ -140,6 +140,14 @@ K 512: 1.76 against 1.92), and wherever the launch has at most ~1 program an SM 
 against 2.20). Off NVIDIA (wave64, no redux) not measured: the 4-values tile."""
 
 
+ROW_TILE_WARPS_PER_SM = 16
+"""Beyond decode sizes, while one row a program (the quant tile's up to 1024 columns, 8 values a thread) keeps the
+launch at most this many warps an SM, the gate takes that tile on NVIDIA rather than the 2-4 row one: the rows'
+tile leaves SMs idle or one program short there. H100 (run 24): 0.03-0.25 µs faster from 1024 to 2048 warps
+(K 4096 M 64: 2.58 against 2.81; K 1024 M 256: 2.58 against 2.83; K 512 M 1024: 2.99 against 3.10), slower from
+4096 (K 4096 M 256: 3.78 against 3.56; K 1024 M 1024: 3.75 against 3.56)."""
+
+
 def is_decode_launch(programs: int, sms: int) -> bool:
     """Whether a launch of `programs` one-warp programs is at decode size (`DECODE_PROGRAMS_PER_SM`)."""
     return programs <= DECODE_PROGRAMS_PER_SM * sms
@@ -197,13 +205,18 @@ def gate_config(
     H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
     M 4096-16384 (docs/perf_notes.md, run 15). At decode sizes (`DECODE_PROGRAMS_PER_SM`) one row of 128
     columns on one warp, 4 values a thread, and on 4 warps, one value a thread, while that is at most
-    `WARP_ROW_PROGRAMS_PER_SM` programs an SM on NVIDIA. The gate is elementwise: any tile gives the same bits."""
+    `WARP_ROW_PROGRAMS_PER_SM` programs an SM on NVIDIA; beyond them, on NVIDIA, one row of the quant tile's
+    columns, 8 values a thread, while that is at most `ROW_TILE_WARPS_PER_SM` warps an SM. The gate is
+    elementwise: any tile gives the same bits."""
     programs = m * triton.cdiv(k, MIN_GROUP_TILE)
     if isa == "ptx" and programs <= WARP_ROW_PROGRAMS_PER_SM * sms:
         return GateConfig(1, MIN_GROUP_TILE, MIN_GROUP_TILE // 32, code_vector=8)
     if is_decode_launch(programs, sms):
         return GateConfig(1, MIN_GROUP_TILE, 1, code_vector=8)
     cfg = quant_config(k, m)
+    row_warps = max(1, cfg.block_cols // (32 * GATE_SMALL_VALUES))
+    if isa == "ptx" and m * triton.cdiv(k, cfg.block_cols) * row_warps <= ROW_TILE_WARPS_PER_SM * sms:
+        return GateConfig(1, cfg.block_cols, row_warps, code_vector=8)
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
     rows = cfg.block_rows
     if rows * cfg.block_cols > values * 32 * cfg.num_warps:
