@@ -335,16 +335,20 @@ def test_launch_shape_defaults_and_checks():
 
     h100 = 3.35e12  # 25 GB/s an SM: 8 values a thread at large M, as the act·mul
     decode = tg.GateConfig(1, 128, 1, 8)  # one row of 128 values on one warp
-    warp_row = tg.GateConfig(1, 128, 4, 8)  # ... on 4 warps, one value a thread (NVIDIA, <= 1 program an SM)
-    for m, k in ((1, 4096), (1, 96), (4, 4096), (16, 1024), (1, 16896)):  # <= 132 programs
+    warp_row = tg.GateConfig(1, 128, 4, 8)  # ... on 4 warps, one value a thread (NVIDIA, <= 1 program per 2 SMs)
+    for m, k in ((1, 4096), (1, 96), (2, 4096), (16, 512), (1, 8448)):  # <= 66 programs
         assert tg.gate_config(k, m) == warp_row == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gate_config(k, m, isa="portable") == decode, (m, k)
         assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
-    for m, k in ((4, 6144), (16, 8192), (33, 4096), (256, 512), (1056, 128)):  # <= 8 programs an SM
+    for m, k in ((4, 4096), (4, 8192), (16, 2048), (64, 1024), (64, 512)):  # one row a program: <= 2 warps an SM
+        row = tg.GateConfig(1, min(1024, k), min(1024, k) // 256, code_vector=8)
+        assert tg.gate_config(k, m) == row, (m, k)
+        assert tg.gate_config(k, m, isa="portable") == decode, (m, k)
+    for m, k in ((16, 6144), (16, 8192), (64, 2048), (33, 4096), (256, 512), (1056, 128)):  # <= 8 programs an SM
         assert tg.gate_config(k, m) == decode == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gated_norm_config(128, m, k) == tg.GatedNormConfig(1, 1, 8, groups_first=True), (m, k)
-    assert tg.gate_config(4096, 33, sms=64) != decode and tg.gate_config(4096, 4, sms=64) == decode  # this GPU's SMs
-    for m, k in ((64, 4096), (64, 8192), (256, 1024), (256, 2048), (1024, 512)):  # one row a program: <= 16 warps an SM
+    assert tg.gate_config(4096, 33, sms=64) != decode and tg.gate_config(4096, 16, sms=64) == decode  # this GPU's SMs
+    for m, k in ((64, 4096), (64, 8192), (256, 1024), (256, 2048), (1024, 512)):  # one row a program: <= 16 warps
         row = tg.GateConfig(1, min(1024, k), min(1024, k) // 256, code_vector=8)
         assert tg.gate_config(k, m) == row == tg.gate_config(k, m, dram=h100), (m, k)
         assert tg.gate_config(k, m, isa="portable").block_rows > 1, (m, k)  # NVIDIA only

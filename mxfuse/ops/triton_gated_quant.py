@@ -130,22 +130,27 @@ against 2.70), slower from M x K / 128 = 2048 programs (K 4096 M 64: 2.95 agains
 (K 8192 M 1: 2.08 against 2.24; K 4096 M 64: 3.05 against 2.94)."""
 
 
-WARP_ROW_PROGRAMS_PER_SM = 1
-"""Up to this many programs an SM of one 128-column block, the gate runs that block on 4 warps, one value a thread,
-on NVIDIA: its chain is then the shortest (the eager sigmoid's correctly rounded division is ~30 instructions a
-value, which one warp of 4 values a thread issues one after another) and the block amax one `redux.sync`
-(`MxSpec.WARP_AMAX`). H100 (run 23): 0.08-0.16 µs faster at M 1 for every K 512-8192 (K 8192: 1.96 against 2.07;
-K 512: 1.76 against 1.92), and wherever the launch has at most ~1 program an SM (K 4096 M 4: 2.09 against 2.15; K
-1024 M 16: 2.08 against 2.12); slower from ~1.5 (K 6144 M 4, 192 programs: 2.26 against 2.16; K 2048 M 16: 2.42
-against 2.20). Off NVIDIA (wave64, no redux) not measured: the 4-values tile."""
+WARP_ROW_SMS_PER_PROGRAM = 2
+"""While its programs number at most one per this many SMs, the gate runs each 128-column block on 4 warps, one
+value a thread, on NVIDIA: its chain is then the shortest and the block amax one `redux.sync` (`MxSpec.WARP_AMAX`).
+H100 (run 23): 0.08-0.16 µs faster at M 1 than one warp of 4 values a thread for every K 512-8192 (K 8192: 1.96
+against 2.07; K 512: 1.76 against 1.92); run 24: up to ~0.5 programs an SM also ahead of one row a program
+(`DECODE_ROW_WARPS_PER_SM`: M 1 0.02-0.12 µs, K 2048 M 4 1.94 against 1.99), behind it from ~1 (K 4096 M 4: 2.09
+against 2.01-2.05; K 1024 M 16: 2.08 against 2.02-2.05). Off NVIDIA (wave64, no redux) not measured."""
 
+DECODE_ROW_WARPS_PER_SM = 2
+"""Past `WARP_ROW_SMS_PER_PROGRAM`, while one row a program (the quant tile's up to 1024 columns, 8 values a thread)
+keeps the launch at most this many warps an SM, the gate takes that tile on NVIDIA. H100 (run 24, three calls):
+0.04-0.08 µs faster than the decode tile (one warp, 4 values a thread) from 64 to 256 warps (K 8192 M 4: 2.09
+against 2.15; K 4096 M 16: 2.20 against 2.26; K 2048 M 16: 2.08-2.11 against 2.15-2.16; K 1024 M 64: 2.19 against
+2.25), within -0.01..+0.05 from 384 to 512 (K 6144 M 16, K 8192 M 16, K 2048 M 64), where the decode tile stays."""
 
 ROW_TILE_WARPS_PER_SM = 16
-"""Beyond decode sizes, while one row a program (the quant tile's up to 1024 columns, 8 values a thread) keeps the
-launch at most this many warps an SM, the gate takes that tile on NVIDIA rather than the 2-4 row one: the rows'
-tile leaves SMs idle or one program short there. H100 (run 24): 0.03-0.25 µs faster from 1024 to 2048 warps
-(K 4096 M 64: 2.58 against 2.81; K 1024 M 256: 2.58 against 2.83; K 512 M 1024: 2.99 against 3.10), slower from
-4096 (K 4096 M 256: 3.78 against 3.56; K 1024 M 1024: 3.75 against 3.56)."""
+"""Beyond decode sizes (`DECODE_PROGRAMS_PER_SM`), while one row a program keeps the launch at most this many warps
+an SM, the gate takes it on NVIDIA rather than the 2-4 row tile, which leaves SMs idle or one program short there.
+H100 (run 24): 0.03-0.25 µs faster from 1024 to 2048 warps (K 4096 M 64: 2.56 against 2.81; K 1024 M 256: 2.55
+against 2.83; K 512 M 1024: 2.99 against 3.10), slower from 4096 (K 4096 M 256: 3.78 against 3.56; K 1024 M 1024:
+3.75 against 3.56)."""
 
 
 def is_decode_launch(programs: int, sms: int) -> bool:
@@ -204,19 +209,22 @@ def gate_config(
     launch fits in the SMs' resident threads at 8, and at large M on a memory below 30 GB/s an SM).
     H100, K 2048 / 4096: 0.15-0.35 µs faster at M 4-1024 (2.33 against 2.64 at K 2048 M 16), within 0.6% at
     M 4096-16384 (docs/perf_notes.md, run 15). At decode sizes (`DECODE_PROGRAMS_PER_SM`) one row of 128
-    columns on one warp, 4 values a thread, and on 4 warps, one value a thread, while that is at most
-    `WARP_ROW_PROGRAMS_PER_SM` programs an SM on NVIDIA; beyond them, on NVIDIA, one row of the quant tile's
-    columns, 8 values a thread, while that is at most `ROW_TILE_WARPS_PER_SM` warps an SM. The gate is
-    elementwise: any tile gives the same bits."""
+    columns on one warp, 4 values a thread. On NVIDIA, by the launch's size: 128 columns on 4 warps, one value
+    a thread (`WARP_ROW_SMS_PER_PROGRAM`), then one row of the quant tile's columns a program, 8 values a thread
+    (`DECODE_ROW_WARPS_PER_SM`), then the decode tile, then one row a program again up to
+    `ROW_TILE_WARPS_PER_SM` warps an SM. The gate is elementwise: any tile gives the same bits."""
     programs = m * triton.cdiv(k, MIN_GROUP_TILE)
-    if isa == "ptx" and programs <= WARP_ROW_PROGRAMS_PER_SM * sms:
+    cfg = quant_config(k, m)
+    row = GateConfig(1, cfg.block_cols, max(1, cfg.block_cols // (32 * GATE_SMALL_VALUES)), code_vector=8)
+    row_warps = m * triton.cdiv(k, row.block_cols) * row.num_warps
+    if isa == "ptx" and programs * WARP_ROW_SMS_PER_PROGRAM <= sms:
         return GateConfig(1, MIN_GROUP_TILE, MIN_GROUP_TILE // 32, code_vector=8)
+    if isa == "ptx" and row_warps <= DECODE_ROW_WARPS_PER_SM * sms:
+        return row
     if is_decode_launch(programs, sms):
         return GateConfig(1, MIN_GROUP_TILE, 1, code_vector=8)
-    cfg = quant_config(k, m)
-    row_warps = max(1, cfg.block_cols // (32 * GATE_SMALL_VALUES))
-    if isa == "ptx" and m * triton.cdiv(k, cfg.block_cols) * row_warps <= ROW_TILE_WARPS_PER_SM * sms:
-        return GateConfig(1, cfg.block_cols, row_warps, code_vector=8)
+    if isa == "ptx" and row_warps <= ROW_TILE_WARPS_PER_SM * sms:
+        return row
     values = values_per_thread(m, k, sms, (GATE_SMALL_VALUES,), dram_bytes_per_s=dram)
     rows = cfg.block_rows
     if rows * cfg.block_cols > values * 32 * cfg.num_warps:
