@@ -27,8 +27,9 @@ Arithmetic (compiled without FMA contraction):
 
 - sigmoid / silu: `1 / (1 + exp(-v))`, `v / (1 + exp(-v))` with libdevice's precise `exp`
   (CUDA's `expf`, written out in :mod:`mxfuse.ops.triton_fp32_math`; never `ex2.approx`). The
-  gate divides with the correctly rounded `div_rn`: what torch's CUDA `sigmoid` computes
-  (`one / (one + std::exp(-x))` in fp32), bit for bit. The gated norm's SiLU divides as
+  gate divides correctly rounded, what torch's CUDA `sigmoid` computes (`one / (one + std::exp(-x))`
+  in fp32), bit for bit: `rcp_rn_f32`, ptxas's `rcp.rn` fast path for 1, 2 or 4 values behind one
+  range test (`RCP_PACK`), `div_rn`'s bits in 3 instructions a value instead of ~10. The gated norm's SiLU divides as
   Inductor does (`div.full.f32` on NVIDIA, within 2 ulp): its contract is a bound, and `div_rn`
   made it issue-bound (docs/design.md, "Gated producers").
 - the gated norm's mean square: a `[BM, GP]` tile holds whole groups (GP = the group padded
