@@ -1000,7 +1000,8 @@ def _run12_act_config(m, i, sm, l2_bytes=50 * 2**20):
 def act_variants():
     """Launch shapes of the fused op timed beside the default (`ActMulConfig`s through `config=`; same bits):
     the dispatch with one input changed (a slow / fast memory, 8 values a thread at small M, no halving of
-    the tile at decode sizes; 2 values a thread at decode sizes, run 22) and earlier dispatches."""
+    the tile at decode sizes; 2 values a thread at decode sizes, run 22; one row a program on 4 or 8 warps up to M
+    256, run 24) and earlier dispatches."""
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     def with_device(**changes):
@@ -1015,6 +1016,15 @@ def act_variants():
     def one_warp_row(cols):  # decode sizes: one warp a program, `cols` columns of one row (16 or 8 a thread)
         default = with_device()
         return lambda m, i, sm: ActMulConfig(1, cols, 1, True) if m <= 64 else default(m, i, sm)
+
+    def row_of(max_cols):  # up to M 256: one row a program, up to `max_cols` of its columns, 8 values a thread
+        default = with_device()
+
+        def pick(m, i, sm):
+            cols = min(max_cols, triton.next_power_of_2(i))
+            return ActMulConfig(1, cols, max(1, cols // 256), True) if m <= 256 else default(m, i, sm)
+
+        return pick
 
     return {
         "run12": _run12_act_config,
@@ -1031,6 +1041,8 @@ def act_variants():
         "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
         "w1c512": one_warp_row(512),
         "w1c256": one_warp_row(256),
+        "row1k": row_of(1024),  # run 24: the gate's one-row tile (1024 columns on 4 warps)
+        "row2k": row_of(2048),  # ... and Liger's (a TP-8 shard's whole row, 1536-2048 columns, on 8 warps)
     }
 
 
