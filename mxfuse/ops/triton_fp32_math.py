@@ -202,7 +202,7 @@ def _rcp_rn_ptx(pack: int) -> str:
                   f"fma.rn.f32 ${i}, r, e, r;"]  # fmt: skip
     lines.append(f"setp.geu.f32 slow, {ins[0]}, 0f7E800000;")
     lines += [f"setp.geu.or.f32 slow, {d}, 0f7E800000, slow;" for d in ins[1:]]
-    lines.append("@!slow bra.uni RCP_DONE${:uid};")
+    lines.append("@!slow bra RCP_DONE${:uid};")
     lines += [f"div.rn.f32 ${i}, 0f3F800000, {d};" for i, d in enumerate(ins)]
     lines += ["RCP_DONE${:uid}:", "}"]
     return "\n".join(lines)
