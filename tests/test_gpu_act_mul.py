@@ -137,7 +137,9 @@ def every_launch_shape(i: int) -> set:
     """Every `ActMulConfig` the dispatch picks for I on this GPU (M from 1 to 16384) or with a smaller SM
     count, and the benchmark's other launch shapes (8 values a thread at small M or at large M on a slower memory,
     2 or 1 at decode sizes, no halving at decode sizes, more or fewer values per program, 8 warps, the column-first
-    grid, Triton's own bf16 -> fp32 converts, 16 codes per thread, 32 registers a thread, one warp a row)."""
+    grid, Triton's own bf16 -> fp32 converts, 16 codes per thread, 32 registers a thread, one warp a row, one row a
+    program on 4 or 8 warps)."""
+    from mxfuse.ops.norm_quant_config import next_pow2
     from mxfuse.ops.triton_act_quant import ActMulConfig, act_mul_config
 
     sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count
@@ -160,6 +162,9 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count)._replace(max_registers=32))
             out.add(act_mul_config(m, i, count)._replace(join_loads=True))  # up's bits or'ed (with 0) into the gate's
     out |= {ActMulConfig(1, 512, 1, True), ActMulConfig(1, 256, 1, True)}  # one warp a row at decode sizes
+    for cols in (1024, 2048):  # one row a program on 4 or 8 warps (the benchmark's "row1k" / "row2k")
+        cols = min(cols, next_pow2(i))
+        out.add(ActMulConfig(1, cols, max(1, cols // 256), True))
     return out
 
 
