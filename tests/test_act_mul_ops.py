@@ -239,7 +239,8 @@ with poisoned_allocations():  # an output byte no program writes reads 0xAB
         x = torch.randn(m, 2 * i, generator=g).bfloat16()
         gate, up = x[:, :i], x[:, i:]  # halves of one buffer: a row stride of 2I
         configs = [taq.act_mul_config(m, i, 64), ActMulConfig(4, 128, 2, True), ActMulConfig(2, 512, 4),
-                   ActMulConfig(2, 128, 1, True, join_loads=True)]  # up's bits or'ed (with 0) into the gate's
+                   ActMulConfig(2, 128, 1, True, join_loads=True),  # up's bits or'ed (with 0) into the gate's
+                   ActMulConfig(1, 2048, 8, True)]  # one row a program, wider than I (the benchmark's "row2k")
         _, _, y = taq.act_mul(gate, up, "silu", quant=False)
         for swizzled, rule in ((False, 0), (True, 1)):
             want = reference.mxfp8_quantize(y, swizzled, rule)
@@ -366,7 +367,7 @@ def test_pdl_and_a_register_cap_are_nvidia_launch_hints():
 
 def test_kernel_writes_every_scale_byte_where_the_layout_puts_it():
     """Under Triton's interpreter (exact for integer work, not for bf16 / fp8 rounding): for the dispatch's
-    tiles and others (one or many rows, 128..512 columns, either grid order, a masked tail block), the unfused
+    tiles and others (one or many rows, 128..2048 columns, either grid order, a masked tail block), the unfused
     y is the same, the fused y is it, and the scale bytes, row-major and F8_128x4 with their zero padding rows,
     are the reference quant's of that y."""
     import os
