@@ -22,14 +22,17 @@ that `/` is `div.full.f32` (within 2 ulp). The producer kernels compute the same
   least 1/4); `rcp.approx` of `d / 4` is 4 times that of `d` for every `d <= 2**126` (the exponent is
   negated, the mantissa's reciprocal the same), so `(n / 4) * rcp(d / 4)` is the exact product `n * rcp(d)`
   rounded once, provided `n / 4` is exact: true for 1 and every bf16 / fp16 value (the activations' inputs),
-  not for fp32 values below 2**-124 with their low bits set.
+  not for fp32 values below 2**-124 with their low bits set;
+- :func:`rcp_rn_f32` is the correctly rounded `1 / d` of the gate's eager sigmoid (torch's `div.rn`, not
+  Inductor's `/`): ptxas's own `rcp.rn.f32` fast path for every value, one range test for 1, 2 or 4 values,
+  `div.rn` for those whose result is subnormal, zero or NaN; 3 instructions a value and the test, not ~10.
 
 The kernel is close to issue-bound (docs/perf_notes.md): the SiLU went from 20 to 11 instructions a
 value. Against torch's eager CUDA kernels (`x / (1 + expf(-x))` with `div.rn`) the fp32 values
 differ by at most 2 ulp, which the rounding to bf16 / fp16 hides almost always: the bound of
 docs/design.md ("act·mul producers"), tested on the GPU (tests/test_gpu_act_mul.py;
 tests/test_gpu_fp32_math.py checks `exp_f32` against libdevice on every fp32 input, `div_one_plus`
-against `/` and the SiLU against Inductor's). On a CPU,
+against `/`, `rcp_rn_f32` against `div_rn` and the SiLU against Inductor's). On a CPU,
 tests/test_fp32_math_compiled.py compiles the library's code and ours for sm_90 and sm_100 and fails if
 a Triton update changed the library's side: on Blackwell `div.full.f32` is the same instructions, so the
 equality carries over there (same MUFU on both sides).
