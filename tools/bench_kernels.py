@@ -1037,6 +1037,10 @@ def act_variants():
         "nohalve": with_device(min_programs_per_sm=0),
         "w8": with_device(tile_values=2048, max_warps=8),
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
+        # run 25: a register cap above ptxas's own 32 lets it issue all of a thread's loads before the arithmetic
+        "regs40": changed(with_device(), max_registers=40),
+        "regs48": changed(with_device(), max_registers=48),
+        "regs64": changed(with_device(), max_registers=64),
         "rows": changed(with_device(), cols_first=False),
         "rows-regs32": changed(with_device(), cols_first=False, max_registers=32),
         "w1c512": one_warp_row(512),
