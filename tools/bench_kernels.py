@@ -906,9 +906,22 @@ def gated_variants():
 
         return pick
 
+    def capped(registers: int):
+        """This GPU's default tile with a register cap (run 25: above ptxas's own choice it issues both loads of
+        a thread's rows before the arithmetic; 40 spills in the 16-values tile on sm_100)."""
+
+        def pick(k, m):
+            from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
+
+            dev = torch.device("cuda")  # the nominal GPU where there is none (tools/compile_targets.py)
+            on_gpu = (sm_count(dev), dram_bytes_per_s(dev), device_isa(dev)) if torch.cuda.is_available() else ()
+            return tg.gate_config(k, m, *on_gpu)._replace(max_registers=registers)
+
+        return pick
+
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
             "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4),
-            "row128v2": one_row(128, 2), "row128v1": one_row(128, 1)}  # fmt: skip
+            "row128v2": one_row(128, 2), "row128v1": one_row(128, 1), "regs48": capped(48)}  # fmt: skip
 
     def norm_tile(rows: int, warps: int):
         """Decode sizes: `rows` rows a program on `warps` warps, 8 codes a thread."""
