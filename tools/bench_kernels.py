@@ -1051,6 +1051,7 @@ def act_variants():
         "w8": with_device(tile_values=2048, max_warps=8),
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
         # run 25: a register cap above ptxas's own 32 lets it issue all of a thread's loads before the arithmetic
+        "uncapped": with_device(),  # the default's tile without its register cap (and join): the dispatch of run 24
         "regs40": changed(with_device(), max_registers=40),
         "regs48": changed(with_device(), max_registers=48),
         "regs64": changed(with_device(), max_registers=64),
@@ -1097,6 +1098,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     res["default_cfg"] = list(default_cfg)
     isa = device_isa(torch.device("cuda"))  # the rule is NVIDIA's only: record what this device's default runs
     res["default_join"] = [taq.join_loads_pays(activation, swz, m, default_cfg, isa) for swz in (False, True)]
+    joined_row_major = default_cfg._replace(join_loads=res["default_join"][0])
+    res["default_registers"] = taq.load_first_registers(activation, m, i, joined_row_major, isa)
 
     def t(name, fn, inputs):
         try:

@@ -121,7 +121,15 @@ from mxfuse.ops.triton_targets import (
     sm_count as device_sm_count,
 )
 
-__all__ = ["ActMulConfig", "act_mul", "act_mul_config", "act_mul_launch", "join_loads_pays", "values_per_thread"]
+__all__ = [
+    "ActMulConfig",
+    "act_mul",
+    "act_mul_config",
+    "act_mul_launch",
+    "join_loads_pays",
+    "load_first_registers",
+    "values_per_thread",
+]
 
 ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1, "swiglu_step": 2, "swiglu_oai": 3}
 GELU_BETA = tl.constexpr(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5)
@@ -233,6 +241,38 @@ def join_loads_pays(activation: str, swizzled: bool, m: int, config: ActMulConfi
     if m <= JOIN_LOADS_DECODE_M:
         return swizzled
     return m >= JOIN_LOADS_MIN_M and config.block_rows == 1
+
+
+LOAD_FIRST_REGISTERS = 40
+"""The register cap (`ActMulConfig.max_registers`) of the default launch's 8-values tiles where it was measured to
+pay (:func:`load_first_registers`). Left to itself (no cap) ptxas holds them at 32 registers by computing on a
+thread's first values before loading the rest (the tiles of several rows: up's `LDG` after the gate's `exp`s);
+capped at 40 it issues every load first, at 36-39 registers (1536 threads an SM instead of 2048), the same
+instructions. H100, run 25: SiLU 3-5% faster at M 512-4096 on the TP shards' several-row tiles (I 1536-4352;
+`join_loads` there: within 1.5%), 1-3% on the one-row tiles of I 14336 / 17408 at M 512-1024, within 1% beyond."""
+LOAD_FIRST_GELU_MAX_VALUES = 1 << 22
+"""GELU-tanh (twice SiLU's arithmetic a value) takes the cap on tiles of several rows up to this many values (M·I;
+about 1.5 waves of 8 a thread on 132 SMs): 2-6% faster at I 2688 / 5376 M 256-1024; from 5.5M values -0.3..+2.5%
+(H100, run 25). Its one-row tiles join the loads instead (`join_loads_pays`; capped, they were 8-12% slower)."""
+LOAD_FIRST_VALUES_PER_THREAD = 8
+"""The tiles the cap pays on (H100): 4 a thread issue both loads first already; 16 (the H100's one-wave tail
+tiles) gained 1.4-1.6% at a cap of 40 and lost at 48 (run 25), and the H200's are untimed."""
+
+
+def load_first_registers(activation: str, m: int, i: int, config: ActMulConfig, isa: Isa = "ptx") -> int:
+    """The register cap of the default launch of `config` (0: ptxas's choice): `LOAD_FIRST_REGISTERS` on NVIDIA
+    for SiLU's tiles of 8 values a thread, and GELU-tanh's tiles of 8 a thread and several rows up to
+    `LOAD_FIRST_GELU_MAX_VALUES` (not joined); elsewhere not timed (the clamped SwiGLUs, 16 a thread, other ISAs)
+    or slower (docs/perf_notes.md, run 25)."""
+    values = config.block_rows * config.block_cols // (32 * config.num_warps)
+    if isa != "ptx" or config.join_loads or values != LOAD_FIRST_VALUES_PER_THREAD:
+        return 0
+    if activation == "silu":
+        return LOAD_FIRST_REGISTERS
+    several_rows = config.block_rows > 1
+    if activation == "gelu_tanh" and several_rows and m * i <= LOAD_FIRST_GELU_MAX_VALUES:
+        return LOAD_FIRST_REGISTERS
+    return 0
 
 
 def act_mul_config(
@@ -453,6 +493,7 @@ def act_mul_launch(
             m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
         )
         cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg, isa))
+        cfg = cfg._replace(max_registers=load_first_registers(activation, m, i, cfg, isa))
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
