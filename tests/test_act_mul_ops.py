@@ -313,6 +313,48 @@ def test_default_launch_joins_gelu_tanh_loads_only_where_it_was_measured_to_pay(
     assert explicit.constexprs["JOIN_LOADS"] is False
 
 
+def test_default_launch_caps_registers_only_where_it_was_measured_to_pay():
+    """`load_first_registers`: on NVIDIA, 40 for SiLU's tiles of 8 values a thread and GELU-tanh's of several rows
+    up to 4M values (H100, run 25); none for 4 or 16 a thread, joined tiles, the clamped SwiGLUs or another ISA.
+    The default launch carries it; an explicit config keeps its own."""
+    from mxfuse.ops.triton_act_quant import (
+        LOAD_FIRST_REGISTERS,
+        act_mul_config,
+        act_mul_launch,
+        join_loads_pays,
+        load_first_registers,
+    )
+
+    h100 = dict(dram_bytes_per_s=H100_DRAM)
+    shard = act_mul_config(1024, 1536, 132, **h100)  # (2, 512, 4): 8 a thread, several rows
+    wide = act_mul_config(1024, 14336, 132, **h100)  # (1, 1024, 4): 8 a thread, one row
+    assert (shard.block_rows, wide.block_rows) == (2, 1)
+    assert load_first_registers("silu", 1024, 1536, shard) == LOAD_FIRST_REGISTERS == 40
+    assert load_first_registers("silu", 1024, 14336, wide) == 40
+    assert load_first_registers("silu", 1, 14336, act_mul_config(1, 14336, 132)) == 0  # 4 a thread
+    sixteen = act_mul_config(16384, 1536, 132)  # fast memory: 16 a thread
+    assert sixteen.block_rows * sixteen.block_cols // (32 * sixteen.num_warps) == 16
+    assert load_first_registers("silu", 16384, 1536, sixteen) == 0
+    small_gelu = act_mul_config(1024, 2688, 132, **h100)
+    assert small_gelu.block_rows > 1 and load_first_registers("gelu_tanh", 1024, 2688, small_gelu) == 40
+    big_gelu = act_mul_config(1024, 5376, 132, **h100)  # 5.5M values: issue-bound at 1536 threads an SM
+    assert big_gelu.block_rows > 1 and load_first_registers("gelu_tanh", 1024, 5376, big_gelu) == 0
+    one_row_gelu = act_mul_config(1024, 21504, 132, **h100)
+    assert join_loads_pays("gelu_tanh", False, 1024, one_row_gelu)
+    assert load_first_registers("gelu_tanh", 1024, 21504, one_row_gelu._replace(join_loads=True)) == 0
+    assert load_first_registers("gelu_tanh", 64, 21504, act_mul_config(64, 21504, 132, **h100)) == 0  # one row
+    for act in ("swiglu_step", "swiglu_oai"):
+        assert load_first_registers(act, 1024, 1536, shard) == 0  # not timed
+    assert load_first_registers("silu", 1024, 1536, shard, "portable") == 0
+
+    gate_up = torch.empty(1024, 2 * 1536, device="meta", dtype=torch.bfloat16)
+    halves = (gate_up[:, :1536], gate_up[:, 1536:])
+    default = act_mul_launch(*halves, "silu", isa="ptx")[1]
+    assert default.max_registers == 40
+    assert act_mul_launch(*halves, "silu", isa="ptx", config=shard)[1].max_registers == 0
+    assert act_mul_launch(*halves, "silu", isa="portable")[1].max_registers == 0
+
+
 def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident_threads():
     """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that; then 16 on fast memory
     per SM; on slower memory 16 up to a quarter of a wave more (one wave instead of a nearly empty second),

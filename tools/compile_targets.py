@@ -179,7 +179,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     torchao rule), the unfused SiLU and the fp32 SwiGLU-OAI; at M 1 (the decode tile) the fused SiLU; and
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
     1..16 rows; on an H200's memory and on an H100's) and in a mid-M tile of 4, of 8 and of 16 values a
-    thread; on NVIDIA the decode tile launched with PDL. `exhaustive`: every activation x {fused, unfused,
+    thread; on NVIDIA the decode tile launched with PDL; SiLU and GELU-tanh at M 1024 with the default launch's
+    register cap (`load_first_registers`, an H100's tiles). `exhaustive`: every activation x {fused, unfused,
     fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
@@ -210,6 +211,12 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         pdl = taq.act_mul_config(1, 1792, 132)._replace(pdl=True)
         _, launch = taq.act_mul_launch(_meta(1, 1792), _meta(1, 1792), "silu", isa=isa, swizzled=True, config=pdl)
         cases.append(Case("act_mul silu I1792 M1 fused pdl", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
+    for act, i in (("silu", 1536), ("gelu_tanh", 2688)):  # the default launch's register cap, an H100's tiles
+        cfg = taq.act_mul_config(1024, i, 132, dram_bytes_per_s=slow)
+        capped = cfg._replace(max_registers=taq.load_first_registers(act, 1024, i, cfg, "ptx"))
+        _, launch = taq.act_mul_launch(_meta(1024, i), _meta(1024, i), act, isa=isa, config=capped)
+        cases.append(Case(f"act_mul {act} I{i} M1024 fused capped", launch,
+                          launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip
     for m, i in ((1, 21504), (4096, 14336)):  # up's bits joined into the gate's (`join_loads`)
         join = taq.act_mul_config(m, i, 132)._replace(join_loads=True)
         _, launch = taq.act_mul_launch(_meta(m, i), _meta(m, i), "gelu_tanh", isa=isa, swizzled=True, config=join)
