@@ -254,7 +254,8 @@ pay (:func:`load_first_registers`). Left to itself (no cap) ptxas holds them at 
 thread's first values before loading the rest (the tiles of several rows: up's `LDG` after the gate's `exp`s);
 capped at 40 it issues every load first, at 36-39 registers (1536 threads an SM instead of 2048), the same
 instructions. H100, run 25: SiLU 3-5% faster at M 512-4096 on the TP shards' several-row tiles (I 1536-4352;
-`join_loads` there: within 1.5%), 1-3% on the one-row tiles of I 14336 / 17408 at M 512-1024, within 1% beyond."""
+`join_loads` there: within 1.5%), 1-3% on the one-row tiles of I 14336 / 17408 at M 512-1024, within 1% beyond.
+Row-major timed; the H200 (8 a thread only up to one wave there) not yet."""
 LOAD_FIRST_GELU_MAX_VALUES = 1 << 22
 """GELU-tanh (twice SiLU's arithmetic a value) takes the cap on tiles of several rows up to this many values (M·I;
 about 1.5 waves of 8 a thread on 132 SMs): 2-6% faster at I 2688 / 5376 M 256-1024; from 5.5M values -0.3..+2.5%
