@@ -136,3 +136,30 @@ def test_gated_kernels_compile_without_spills(target):
         if tool.problems(target, res, err):
             bad[case.name] = tool.problems(target, res, err)
     assert not bad, f"{target}: {bad}"
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "cuda:100"])
+def test_act_mul_register_cap_changes_nothing_but_the_register_budget(target):
+    """The act·mul's default register cap (`load_first_registers`) is a ptxas budget only: the capped launch's PTX
+    is the uncapped one's with one `.maxnreg` line more, and every fp32 operation in it carries its rounding mode
+    (`.rn` / `.rm`), which ptxas may neither contract nor reassociate. So the bits of the launches the GPU tests
+    checked without a cap hold with it (tests/test_gpu_act_mul.py also runs the capped default launches)."""
+    import re
+
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    import compile_targets as tool
+
+    from mxfuse.ops import triton_act_quant as taq
+
+    gate_up = torch.empty(1024, 2 * 1536, device="meta", dtype=torch.bfloat16)
+    halves = (gate_up[:, :1536], gate_up[:, 1536:])
+    _, capped = taq.act_mul_launch(*halves, "silu", isa="ptx")
+    _, plain = taq.act_mul_launch(*halves, "silu", isa="ptx", config=taq.act_mul_config(1024, 1536, 132))
+    assert (capped.max_registers, plain.max_registers) == (taq.LOAD_FIRST_REGISTERS, 0)
+    capped_ptx = tool.compile_launch(capped, target)[0].asm["ptx"].splitlines()
+    plain_ptx = tool.compile_launch(plain, target)[0].asm["ptx"].splitlines()
+    assert [line for line in capped_ptx if line not in plain_ptx] == [f".maxnreg {taq.LOAD_FIRST_REGISTERS}"]
+    assert [line for line in plain_ptx if line not in capped_ptx] == []
+    fp32_ops = re.findall(r"\b(?:add|sub|mul|fma|div)(?:\.\w+)*\.f32\b", "\n".join(capped_ptx))
+    assert fp32_ops and all(re.search(r"\.r[nmpz]\b", op) or op.startswith("div.full") for op in fp32_ops), fp32_ops
