@@ -187,7 +187,7 @@ class ActMulConfig(NamedTuple):
     code_vector: int = 8
     """Contiguous values per thread the quant's code store is laid out for (`MxSpec.CODE_VECTOR`: 8 or 16)."""
     max_registers: int = 0
-    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice)."""
+    """`KernelLaunch.max_registers` on NVIDIA (0: ptxas's choice; the default launch's: `load_first_registers`)."""
     pdl: bool = False
     """Programmatic dependent launch (NVIDIA only, dropped elsewhere): the kernel waits for the kernel before
     it (`gdc_wait`) before touching memory and lets the next one launch. Off by default for the norms'
