@@ -798,14 +798,14 @@ def bench_gated_point(k, m, compiled=None, log=print):
     t("norm_unfused", lambda x, z: ops.mxfp8_quantize(ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP)))
     t("norm_alone", lambda x, z: ops.gated_rms_norm(x, z, w, EPS, GATED_GROUP))
     from mxfuse.ops import triton_gated_quant as tg  # the default in the other grid order (groups / row tiles first)
-    from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
+    from mxfuse.ops.triton_targets import sm_count
 
     dev = torch.device("cuda")
     norm_default = tg.gated_norm_config(GATED_GROUP, m, k, sm_count(dev))  # this GPU's, at this (M, K)
     flipped = norm_default._replace(groups_first=not norm_default.groups_first)
     t("norm_fused_other_grid", lambda x, z: tg.gated_rms_norm(x, z, w, EPS, GATED_GROUP, quant=True, config=flipped))
     gate_variants, norm_variants = gated_variants()
-    res["gate_default_cfg"] = list(tg.gate_config(k, m, sm_count(dev), dram_bytes_per_s(dev), device_isa(dev))[:3])
+    res["gate_default_cfg"] = list(_gate_default(k, m)[:3])
     for name, pick in gate_variants.items():
         cfg = pick(k, m)
         res[f"gate_cfg:{name}"] = list(cfg)
@@ -850,6 +850,16 @@ def gated_table(results, copy_tbs) -> str:
                 + (f" {r['norm_fused_other_grid']:.2f} |" if prod == "norm" else "")
             )
     return "\n".join(lines)
+
+
+def _gate_default(k: int, m: int):
+    """`gate_config` of this GPU (the nominal one where there is none: tools/compile_targets.py)."""
+    from mxfuse.ops import triton_gated_quant as tg
+    from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
+
+    dev = torch.device("cuda")
+    on_gpu = (sm_count(dev), dram_bytes_per_s(dev), device_isa(dev)) if torch.cuda.is_available() else ()
+    return tg.gate_config(k, m, *on_gpu)
 
 
 def gated_variants():
@@ -909,15 +919,7 @@ def gated_variants():
     def capped(registers: int):
         """This GPU's default tile with a register cap (run 25: above ptxas's own choice it issues both loads of
         a thread's rows before the arithmetic; 40 spills in the 16-values tile on sm_100)."""
-
-        def pick(k, m):
-            from mxfuse.ops.triton_targets import device_isa, dram_bytes_per_s, sm_count
-
-            dev = torch.device("cuda")  # the nominal GPU where there is none (tools/compile_targets.py)
-            on_gpu = (sm_count(dev), dram_bytes_per_s(dev), device_isa(dev)) if torch.cuda.is_available() else ()
-            return tg.gate_config(k, m, *on_gpu)._replace(max_registers=registers)
-
-        return pick
+        return lambda k, m: _gate_default(k, m)._replace(max_registers=registers)
 
     gate = {"quant-tile": quant_tile, "v8": gate_tile(8, 8), "v8w16": gate_tile(8, 16), "v32w4": gate_tile(32, 4),
             "row1024": one_row(1024, 8), "row256": one_row(256, 8), "row128v4": one_row(128, 4),
@@ -1096,10 +1098,11 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     default_cfg = taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram())
     res["default_cfg"] = list(default_cfg)
-    isa = device_isa(torch.device("cuda"))  # the rule is NVIDIA's only: record what this device's default runs
-    res["default_join"] = [taq.join_loads_pays(activation, swz, m, default_cfg, isa) for swz in (False, True)]
-    joined_row_major = default_cfg._replace(join_loads=res["default_join"][0])
-    res["default_registers"] = taq.load_first_registers(activation, m, i, joined_row_major, isa)
+    isa = device_isa(torch.device("cuda"))  # the rules are NVIDIA's only: record what this device's default runs
+    launched = [taq.default_launch_config(activation, m, i, swizzled=swz, isa=isa, sm_count=sm, l2_bytes=_l2(),
+                                          dram_bytes_per_s=_dram()) for swz in (False, True)]  # fmt: skip
+    res["default_join"] = [c.join_loads for c in launched]
+    res["default_registers"] = launched[0].max_registers
 
     def t(name, fn, inputs):
         try:

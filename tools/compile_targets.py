@@ -212,8 +212,7 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         _, launch = taq.act_mul_launch(_meta(1, 1792), _meta(1, 1792), "silu", isa=isa, swizzled=True, config=pdl)
         cases.append(Case("act_mul silu I1792 M1 fused pdl", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
     for act, i in (("silu", 1536), ("gelu_tanh", 2688)):  # the default launch's register cap, an H100's tiles
-        cfg = taq.act_mul_config(1024, i, 132, dram_bytes_per_s=slow)
-        capped = cfg._replace(max_registers=taq.load_first_registers(act, 1024, i, cfg, "ptx"))
+        capped = taq.default_launch_config(act, 1024, i, swizzled=False, isa="ptx", sm_count=132, dram_bytes_per_s=slow)
         _, launch = taq.act_mul_launch(_meta(1024, i), _meta(1024, i), act, isa=isa, config=capped)
         cases.append(Case(f"act_mul {act} I{i} M1024 fused capped", launch,
                           launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip

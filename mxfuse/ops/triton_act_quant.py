@@ -131,6 +131,7 @@ __all__ = [
     "act_mul",
     "act_mul_config",
     "act_mul_launch",
+    "default_launch_config",
     "join_loads_pays",
     "load_first_registers",
     "values_per_thread",
@@ -314,6 +315,17 @@ def act_mul_config(
     return ActMulConfig(bm, bc, warps, cols_first, code_vector=16 if wide_codes else 8)
 
 
+def default_launch_config(
+    activation: str, m: int, i: int, *, swizzled: bool, isa: Isa, sm_count: int, l2_bytes: int = NOMINAL_L2_BYTES,
+    dram_bytes_per_s: float = NOMINAL_DRAM_BYTES_PER_S,
+) -> ActMulConfig:  # fmt: skip
+    """What the launch runs without `config=`: `act_mul_config`'s tile, up's loads joined where `join_loads_pays`,
+    the register cap where `load_first_registers`."""
+    cfg = act_mul_config(m, i, sm_count, l2_bytes=l2_bytes, dram_bytes_per_s=dram_bytes_per_s)
+    cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg, isa))
+    return cfg._replace(max_registers=load_first_registers(activation, m, i, cfg, isa))
+
+
 @triton.jit
 def _round(v, DTYPE: tl.constexpr, ON: tl.constexpr):
     if ON:
@@ -495,11 +507,10 @@ def act_mul_launch(
         return outputs, None
     cfg = config
     if cfg is None:
-        cfg = act_mul_config(
-            m, i, device_sm_count(dev), l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev)
-        )
-        cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg, isa))
-        cfg = cfg._replace(max_registers=load_first_registers(activation, m, i, cfg, isa))
+        cfg = default_launch_config(
+            activation, m, i, swizzled=swizzled, isa=isa, sm_count=device_sm_count(dev),
+            l2_bytes=device_l2_bytes(dev), dram_bytes_per_s=device_dram_bytes_per_s(dev),
+        )  # fmt: skip
     if cfg.widen not in WIDENINGS or cfg.code_vector not in CODE_VECTORS:
         raise ValueError(f"triton_act_quant: {cfg} (widen one of {WIDENINGS}, code_vector one of {CODE_VECTORS})")
     hints = launch_hints(isa, cfg.pdl, cfg.max_registers)
