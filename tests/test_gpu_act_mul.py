@@ -154,6 +154,7 @@ def every_launch_shape(i: int) -> set:
             out.add(act_mul_config(m, i, count, min_programs_per_sm=0))  # no halving at decode sizes
             out.add(act_mul_config(m, i, count, tile_values=1024))
             out.add(act_mul_config(m, i, count, tile_values=2048))  # 16 a thread at every M
+            out.add(act_mul_config(m, i, count, tile_values=2048)._replace(code_vector=16))  # ... 16 codes a thread
             out.add(act_mul_config(m, i, count, tile_values=4096, max_warps=8))
             out.add(act_mul_config(m, i, count, tile_values=2048, max_warps=8))
             out.add(act_mul_config(m, i, count, cols_first=False))

@@ -1046,6 +1046,8 @@ def act_variants():
         "mem-slow": with_device(dram_bytes_per_s=1e9),  # 8 values a thread at large M (16 in the tail window)
         "mem-slow-join": changed(with_device(dram_bytes_per_s=1e9), join_loads=True),  # the one-row tile, joined
         "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
+        # run 26: ... with 16 contiguous codes a thread (one SHFL level, fewer instructions a value) at any L2 share
+        "mem-fast-wide": changed(with_device(dram_bytes_per_s=1e15), code_vector=16),
         "v8": with_device(small_values=(8,)),
         "v2": with_device(small_values=(2, 4, 8)),  # 2 values a thread while the launch fits at 2: decode sizes
         "v1": with_device(small_values=(1, 2, 4, 8)),  # 1 value a thread (128 columns on 4 warps) while it fits
@@ -1083,8 +1085,8 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     (both layouts), the unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul
     kernel), `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul / GELU·mul (`swiglu` / `geglu`) on two contiguous halves alone and followed by the quant, and
-    the fused op (row-major) in `act_variants()`'s launch shapes ("v:<name>"; `variants`: those names, for
-    every activation; None: all, for SiLU only); "copy": a
+    the fused op in `act_variants()`'s launch shapes ("v:<name>" row-major, "vs:<name>" swizzled; `variants`: those
+    names, for every activation; None: all, for SiLU only); "copy": a
     device-to-device copy moving the same bytes (half read, half written; the faster of an SM kernel and a
     memcpy node, as `copy_bandwidth_tbs`), the floor of a launch of this size in the same graph."""
     from mxfuse.ops import triton_act_quant as taq, triton_norm_quant as tnq
@@ -1131,6 +1133,7 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
         cfg = shapes[name](m, i, sm)
         res[f"cfg:{name}"] = list(cfg[:3])
         t(f"v:{name}", lambda x, c=cfg: fused(x, config=c), sets)
+        t(f"vs:{name}", lambda x, c=cfg: fused(x, True, config=c), sets)
     t("compiled", compiled, sets)
     t("compiled+quant", lambda x: tnq.quantize(compiled(x), False), sets)
     time_same_size_copy(t, res, producer_bytes(m, i), n)
@@ -1165,16 +1168,19 @@ def act_mul_table(results, copy_tbs):
     return "\n".join(lines)
 
 
-def act_variant_table(results, copy_tbs):
-    """Markdown: the fused op (row-major) in the default launch shape and each variant's, µs; % of the copy."""
-    names = [k for k in results[0] if k.startswith("v:")] if results else []
-    head = "| I | M | default (BM, BC, warps) | default | " + " | ".join(n[2:] for n in names) + " | best % copy |"
+def act_variant_table(results, copy_tbs, swizzled=False):
+    """Markdown: the fused op (row-major, or `swizzled`) in the default launch shape and each variant's, µs; % of
+    the copy."""
+    prefix, default = ("vs:", "fused_swz") if swizzled else ("v:", "fused")
+    names = [k for k in results[0] if k.startswith(prefix)] if results else []
+    head = "| I | M | default (BM, BC, warps) | default | " + " | ".join(n[len(prefix) :] for n in names)
+    head += " | best % copy |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         nbytes = producer_bytes(r["M"], r["I"])
-        best = min(r["fused"], *(r[n] for n in names))
+        best = min(r[default], *(r[n] for n in names))
         cfg = tuple(r["default_cfg"][:3])
-        lines.append(f"| {r['I']} | {r['M']} | {cfg} | {r['fused']:.1f} | " + " | ".join(f"{r[n]:.1f}" for n in names)
+        lines.append(f"| {r['I']} | {r['M']} | {cfg} | {r[default]:.1f} | " + " | ".join(f"{r[n]:.1f}" for n in names)
                      + f" | {100 * tbs(nbytes, best) / copy_tbs:.0f} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -1217,9 +1223,9 @@ def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS), 
                 rows.append(r)
         parts.append(f"### act·mul ({title}) -> MXFP8, µs per call\n\n" + act_mul_table(rows, copy_tbs))
         if any(k.startswith("v:") for k in rows[0]):
-            parts.append(
-                "### the fused op's launch shapes (row-major, µs per call)\n\n" + act_variant_table(rows, copy_tbs)
-            )
+            for swizzled, layout in ((False, "row-major"), (True, "swizzled")):
+                table = act_variant_table(rows, copy_tbs, swizzled)
+                parts.append(f"### the fused op's launch shapes ({layout}, µs per call)\n\n{table}")
         results += rows
     text = "\n\n".join(parts)
     print(text, flush=True)
