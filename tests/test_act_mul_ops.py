@@ -355,6 +355,46 @@ def test_default_launch_caps_registers_only_where_it_was_measured_to_pay():
     assert act_mul_launch(*halves, "silu", isa="portable")[1].max_registers == 0
 
 
+def test_gelu_takes_the_sixteen_values_tile_where_it_is_issue_bound():
+    """`issue_bound_tile`: GELU-tanh on NVIDIA, past 4M values where the dispatch took 8 values a thread, takes the
+    16-values tile while that tile stores 16 codes a thread (H100, run 26: I 2688 M 2048-4096, I 5376 M 1024-4096);
+    not at or below 4M values, not where the codes would not fit in half the L2 or the tile is 1024 columns wide,
+    not on fast memory (16 a thread already), not SiLU, the clamped SwiGLUs or another ISA. The default launch carries
+    it, without a cap or a join."""
+    from mxfuse.ops.triton_act_quant import (
+        act_mul_config,
+        act_mul_launch,
+        default_launch_config,
+        issue_bound_tile,
+        thread_values,
+    )
+
+    h100 = dict(sm_count=132, l2_bytes=50 * 2**20, dram_bytes_per_s=H100_DRAM)
+
+    def tile(act, m, i, isa="ptx", **device):
+        cfg = default_launch_config(act, m, i, swizzled=False, isa=isa, **{**h100, **device})
+        return tuple(cfg[:3]), cfg.code_vector, thread_values(cfg), cfg.max_registers, cfg.join_loads
+
+    assert tile("gelu_tanh", 2048, 2688) == ((16, 128, 4), 16, 16, 0, False)
+    assert tile("gelu_tanh", 4096, 2688) == ((16, 128, 4), 16, 16, 0, False)
+    assert tile("gelu_tanh", 1024, 5376) == ((8, 256, 4), 16, 16, 0, False)
+    assert tile("gelu_tanh", 4096, 5376) == ((8, 256, 4), 16, 16, 0, False)  # 22M codes: within half of 50 MB
+    assert tile("gelu_tanh", 1024, 2688)[2] == 8  # 2.75M values: the capped 8-values tile
+    assert tile("gelu_tanh", 16384, 2688)[:3] == ((8, 128, 4), 8, 8)  # 44M codes: past half the L2
+    assert tile("gelu_tanh", 4096, 10240)[2] == 8  # 1024 columns: no 16-codes tile
+    assert tile("gelu_tanh", 4096, 2688, dram_bytes_per_s=4.8e12)[:3] == ((16, 128, 4), 16, 16)  # the dispatch's own
+    for act in ("silu", "swiglu_step", "swiglu_oai"):
+        assert tile(act, 4096, 2688)[2] == 8
+    assert tile("gelu_tanh", 4096, 2688, isa="portable")[2] == 8
+
+    eight = act_mul_config(4096, 2688, 132, dram_bytes_per_s=H100_DRAM)
+    assert issue_bound_tile("gelu_tanh", 4096, 2688, eight, isa="ptx", sm_count=132) != eight
+    gate_up = torch.empty(4096, 2 * 2688, device="meta", dtype=torch.bfloat16)
+    halves = (gate_up[:, :2688], gate_up[:, 2688:])
+    launch = act_mul_launch(*halves, "gelu_tanh", isa="ptx", config=eight)[1]
+    assert (launch.constexprs["BM"], launch.num_warps) == (8, 4)  # an explicit config keeps its tile
+
+
 def test_dispatch_takes_fewer_values_a_thread_while_the_launch_fits_the_resident_threads():
     """4 values a thread while M * I <= 4 * 2048 threads * SMs, 8 up to twice that; then 16 on fast memory
     per SM; on slower memory 16 up to a quarter of a wave more (one wave instead of a nearly empty second),

@@ -1098,11 +1098,11 @@ def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=
     halves = [(x[:, :i].contiguous(), x[:, i:].contiguous()) for (x,) in sets]
     res = {"I": i, "M": m, "activation": activation}
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    default_cfg = taq.act_mul_config(m, i, sm, l2_bytes=_l2(), dram_bytes_per_s=_dram())
-    res["default_cfg"] = list(default_cfg)
     isa = device_isa(torch.device("cuda"))  # the rules are NVIDIA's only: record what this device's default runs
     launched = [taq.default_launch_config(activation, m, i, swizzled=swz, isa=isa, sm_count=sm, l2_bytes=_l2(),
                                           dram_bytes_per_s=_dram()) for swz in (False, True)]  # fmt: skip
+    default_cfg = launched[0]._replace(join_loads=False, max_registers=0)  # the default's tile
+    res["default_cfg"] = list(default_cfg)
     res["default_join"] = [c.join_loads for c in launched]
     res["default_registers"] = launched[0].max_registers
 

@@ -180,8 +180,8 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
     the fused SiLU in every large-M tile `act_mul_config` picks at the benchmark's I (128..1024 columns,
     1..16 rows; on an H200's memory and on an H100's) and in a mid-M tile of 4, of 8 and of 16 values a
     thread; on NVIDIA the decode tile launched with PDL; SiLU and GELU-tanh at M 1024 with the default launch's
-    register cap (`load_first_registers`, an H100's tiles). `exhaustive`: every activation x {fused, unfused,
-    fp32} at M 1, 2 and 4096."""
+    register cap (`load_first_registers`, an H100's tiles) and GELU-tanh's H100 default at M 4096
+    (`issue_bound_tile`). `exhaustive`: every activation x {fused, unfused, fp32} at M 1, 2 and 4096."""
     from mxfuse.ops import triton_act_quant as taq
     from mxfuse.ops.activations import ACTIVATIONS
 
@@ -211,10 +211,12 @@ def act_mul_cases(isa: str, exhaustive: bool = False) -> list[Case]:
         pdl = taq.act_mul_config(1, 1792, 132)._replace(pdl=True)
         _, launch = taq.act_mul_launch(_meta(1, 1792), _meta(1, 1792), "silu", isa=isa, swizzled=True, config=pdl)
         cases.append(Case("act_mul silu I1792 M1 fused pdl", launch, launch.constexprs["BM"] * launch.constexprs["BC"]))
-    for act, i in (("silu", 1536), ("gelu_tanh", 2688)):  # the default launch's register cap, an H100's tiles
-        capped = taq.default_launch_config(act, 1024, i, swizzled=False, isa="ptx", sm_count=132, dram_bytes_per_s=slow)
-        _, launch = taq.act_mul_launch(_meta(1024, i), _meta(1024, i), act, isa=isa, config=capped)
-        cases.append(Case(f"act_mul {act} I{i} M1024 fused capped", launch,
+    # an H100's default launches: the cap (`load_first_registers`), GELU-tanh's 16-values tile (`issue_bound_tile`)
+    for act, i, m, what in (("silu", 1536, 1024, "capped"), ("gelu_tanh", 2688, 1024, "capped"),
+                            ("gelu_tanh", 2688, 4096, "issue-bound tile")):  # fmt: skip
+        default = taq.default_launch_config(act, m, i, swizzled=False, isa="ptx", sm_count=132, dram_bytes_per_s=slow)
+        _, launch = taq.act_mul_launch(_meta(m, i), _meta(m, i), act, isa=isa, config=default)
+        cases.append(Case(f"act_mul {act} I{i} M{m} fused {what}", launch,
                           launch.constexprs["BM"] * launch.constexprs["BC"]))  # fmt: skip
     for m, i in ((1, 21504), (4096, 14336)):  # up's bits joined into the gate's (`join_loads`)
         join = taq.act_mul_config(m, i, 132)._replace(join_loads=True)

@@ -132,8 +132,10 @@ __all__ = [
     "act_mul_config",
     "act_mul_launch",
     "default_launch_config",
+    "issue_bound_tile",
     "join_loads_pays",
     "load_first_registers",
+    "thread_values",
     "values_per_thread",
 ]
 
@@ -266,13 +268,17 @@ LOAD_FIRST_VALUES_PER_THREAD = 8
 tiles) gained 1.4-1.6% at a cap of 40 and lost at 48 (run 25), and the H200's are untimed."""
 
 
+def thread_values(config: ActMulConfig) -> int:
+    """Values a thread of `config`'s tile."""
+    return config.block_rows * config.block_cols // (32 * config.num_warps)
+
+
 def load_first_registers(activation: str, m: int, i: int, config: ActMulConfig, isa: Isa = "ptx") -> int:
     """The register cap of the default launch of `config` (0: ptxas's choice): `LOAD_FIRST_REGISTERS` on NVIDIA
     for SiLU's tiles of 8 values a thread, and GELU-tanh's tiles of 8 a thread and several rows up to
     `LOAD_FIRST_GELU_MAX_VALUES` (not joined); elsewhere not timed (the clamped SwiGLUs, 16 a thread, other ISAs)
     or slower (docs/perf_notes.md, run 25)."""
-    values = config.block_rows * config.block_cols // (32 * config.num_warps)
-    if isa != "ptx" or config.join_loads or values != LOAD_FIRST_VALUES_PER_THREAD:
+    if isa != "ptx" or config.join_loads or thread_values(config) != LOAD_FIRST_VALUES_PER_THREAD:
         return 0
     if activation == "silu":
         return LOAD_FIRST_REGISTERS
@@ -315,13 +321,33 @@ def act_mul_config(
     return ActMulConfig(bm, bc, warps, cols_first, code_vector=16 if wide_codes else 8)
 
 
+def issue_bound_tile(
+    activation: str, m: int, i: int, config: ActMulConfig, *, isa: Isa, sm_count: int, l2_bytes: int = NOMINAL_L2_BYTES
+) -> ActMulConfig:  # fmt: skip
+    """The default launch's tile for an issue-bound activation: GELU-tanh on NVIDIA, where the dispatch took 8 values a
+    thread (the H100's large-M tile) for more than `LOAD_FIRST_GELU_MAX_VALUES` values, takes the 16-values tile
+    instead wherever that tile stores 16 codes a thread (at most 512 columns, the codes in half the L2): its thread's
+    own instructions (addresses, the block amax, the scale) spread over twice the values, 37.1 instructions a value
+    against 42.4 (sm_90). H100, run 26: 2-7% faster at 5.5-11M values (I 2688 M 2048-4096, I 5376 M 1024-2048),
+    within ±1.6% at 22M (I 5376 M 4096); SiLU (29 a value, memory-bound there) was 2-13% slower with it, and wider
+    tiles (8 codes a thread) gained nothing. Not timed, so `config`: the clamped SwiGLUs, other ISAs."""
+    if isa != "ptx" or activation != "gelu_tanh" or m * i <= LOAD_FIRST_GELU_MAX_VALUES:
+        return config
+    if thread_values(config) != LARGE_VALUES_PER_THREAD[0]:
+        return config
+    tile_values = LARGE_VALUES_PER_THREAD[1] * 32 * MAX_WARPS
+    wide = act_mul_config(m, i, sm_count, l2_bytes=l2_bytes, tile_values=tile_values, cols_first=config.cols_first)
+    return wide if wide.code_vector == 16 else config
+
+
 def default_launch_config(
     activation: str, m: int, i: int, *, swizzled: bool, isa: Isa, sm_count: int, l2_bytes: int = NOMINAL_L2_BYTES,
     dram_bytes_per_s: float = NOMINAL_DRAM_BYTES_PER_S,
 ) -> ActMulConfig:  # fmt: skip
-    """What the launch runs without `config=`: `act_mul_config`'s tile, up's loads joined where `join_loads_pays`,
-    the register cap where `load_first_registers`."""
+    """What the launch runs without `config=`: `act_mul_config`'s tile (`issue_bound_tile`'s for GELU-tanh), up's
+    loads joined where `join_loads_pays`, the register cap where `load_first_registers`."""
     cfg = act_mul_config(m, i, sm_count, l2_bytes=l2_bytes, dram_bytes_per_s=dram_bytes_per_s)
+    cfg = issue_bound_tile(activation, m, i, cfg, isa=isa, sm_count=sm_count, l2_bytes=l2_bytes)
     cfg = cfg._replace(join_loads=join_loads_pays(activation, swizzled, m, cfg, isa))
     return cfg._replace(max_registers=load_first_registers(activation, m, i, cfg, isa))
 
