@@ -329,8 +329,9 @@ def issue_bound_tile(
     instead wherever that tile stores 16 codes a thread (at most 512 columns, the codes in half the L2): its thread's
     own instructions (addresses, the block amax, the scale) spread over twice the values, 37.1 instructions a value
     against 42.4 (sm_90). H100, run 26: 2-7% faster at 5.5-11M values (I 2688 M 2048-4096, I 5376 M 1024-2048),
-    within ±1.6% at 22M (I 5376 M 4096); SiLU (29 a value, memory-bound there) was 2-13% slower with it, and wider
-    tiles (8 codes a thread) gained nothing. Not timed, so `config`: the clamped SwiGLUs, other ISAs."""
+    within ±1.6% at 22M (I 5376 M 4096); SiLU (29 a value, memory-bound there) was slower with it at nearly every
+    point (up to 22%), and the 16-values tile with 8 codes a thread gained nothing. Not timed, so `config`: the
+    clamped SwiGLUs, other ISAs."""
     if isa != "ptx" or activation != "gelu_tanh" or m * i <= LOAD_FIRST_GELU_MAX_VALUES:
         return config
     if thread_values(config) != LARGE_VALUES_PER_THREAD[0]:
