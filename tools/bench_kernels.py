@@ -45,11 +45,13 @@ beside the default's (same bits: tests/test_gpu_gated.py).
 
 The act·mul (`--act-mul also`: after the norm tables; `--act-mul only`): the fused act·mul + MXFP8 of a bf16
 gate_up `[M, 2I]` for each activation of `--act-activations` (SiLU at Llama-3.1-8B's and a Qwen3.5-27B-sized
-I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; M in `--act-ms`),
+I and their TP-4 / TP-8 shards; GELU-tanh at Gemma 3 27B / 12B / 4B's and the 27B's shards; SwiGLU-OAI, alpha 1.702
+and limit 7, at MiniMax-M3.1-Flash's dense I and its shards; M in `--act-ms`),
 row-major and swizzled (the default launch; "fused_join" / "fused_swz_join": the same tile with up's bits joined
 into the gate's before any arithmetic at every point, `ActMulConfig.join_loads`, which the default sets only where
 `join_loads_pays`), against the unfused pair, the activation alone (mxfuse's kernel), `torch.compile` of
-vLLM's native form alone and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant, and the
+vLLM's native form (SwiGLU-OAI: Hugging Face's eager formula on the halves, what the Transformers backend runs) alone
+and with the quant, Liger-Kernel's `swiglu` / `geglu` alone and with the quant (none for SwiGLU-OAI), and the
 copy; for SiLU also the launch shapes of `act_variants()` (`--act-variants NAMES`: those, for every activation).
 """
 
@@ -975,7 +977,8 @@ def gated_section(ks, ms, copy_tbs, compiled: bool = True, log=print) -> tuple[l
 
 ACT_IS = [14336, 17408, 3584, 4352, 1792, 2176, 1536]  # Llama-3.1-8B, Qwen3.5-27B-sized, their TP 4 / 8 shards
 GELU_IS = [21504, 15360, 10240, 5376, 2688]  # Gemma 3 27B / 12B / 4B, the 27B's TP 4 / 8 shards
-ACTIVATIONS = {"silu": ("SiLU", ACT_IS), "gelu_tanh": ("GELU-tanh", GELU_IS)}
+OAI_IS = [16384, 4096, 2048]  # MiniMax-M3.1-Flash's dense MLP (mxfuse/models.py), its TP 4 / 8 shards
+ACTIVATIONS = {"silu": ("SiLU", ACT_IS), "gelu_tanh": ("GELU-tanh", GELU_IS), "swiglu_oai": ("SwiGLU-OAI", OAI_IS)}
 ACT_MS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 ACT_COLUMNS = (
     "fused",
@@ -1041,6 +1044,10 @@ def act_variants():
 
         return pick
 
+    def wide_512(m, i, sm):  # 16 values and 16 codes a thread on 512 columns, where 512 divides I
+        default = with_device()(m, i, sm)
+        return ActMulConfig(4, 512, 4, True, code_vector=16) if m >= 1024 and i % 512 == 0 else default
+
     return {
         "run12": _run12_act_config,
         "mem-slow": with_device(dram_bytes_per_s=1e9),  # 8 values a thread at large M (16 in the tail window)
@@ -1048,6 +1055,7 @@ def act_variants():
         "mem-fast": with_device(dram_bytes_per_s=1e15),  # 16 values a thread at large M
         # run 26: ... with 16 contiguous codes a thread (one SHFL level, fewer instructions a value) at any L2 share
         "mem-fast-wide": changed(with_device(dram_bytes_per_s=1e15), code_vector=16),
+        "w512x16": wide_512,  # ... and on 512-column tiles from M 1024 (the 16-codes tile where I's own tile is wider)
         "v8": with_device(small_values=(8,)),
         "v2": with_device(small_values=(2, 4, 8)),  # 2 values a thread while the launch fits at 2: decode sizes
         "v1": with_device(small_values=(1, 2, 4, 8)),  # 1 value a thread (128 columns on 4 warps) while it fits
@@ -1081,7 +1089,7 @@ def _dram():
 
 
 def act_mul_point(i, m, compiled, liger, log=print, activation="silu", variants=None):
-    """µs of act·mul (`activation`: SiLU or GELU-tanh; gate_up `[M, 2I]` bf16) at one (I, M): the fused op
+    """µs of act·mul (`activation`: SiLU, GELU-tanh or SwiGLU-OAI; gate_up `[M, 2I]` bf16) at one (I, M): the fused op
     (both layouts), the unfused pair (act_mul then mxfp8_quantize), the activation alone (mxfuse's act_mul
     kernel), `torch.compile` of vLLM's native form (dynamic M) alone and followed by the quant, Liger's
     SiLU·mul / GELU·mul (`swiglu` / `geglu`) on two contiguous halves alone and followed by the quant, and
@@ -1186,26 +1194,34 @@ def act_variant_table(results, copy_tbs, swizzled=False):
 
 
 def _act_peers(activation):
-    """(`torch.compile` of vLLM's native `forward_native`, compiled as vLLM compiles it: dynamic token count;
-    Liger-Kernel's two-tensor op, or None without Liger) of an activation."""
+    """(`torch.compile` of vLLM's native `forward_native` (SwiGLU-OAI: Hugging Face's eager formula), compiled as vLLM
+    compiles it: dynamic token count; Liger-Kernel's two-tensor op, or None without Liger or for SwiGLU-OAI) of an
+    activation."""
     import torch.nn.functional as F
 
-    def native(x):  # SiluAndMul / GeluAndMul(approximate="tanh").forward_native
+    def native(x):  # SiluAndMul / GeluAndMul(approximate="tanh").forward_native; gpt-oss / MiniMax-M3's eager SwiGLU
         d = x.shape[-1] // 2
-        a = F.silu(x[..., :d]) if activation == "silu" else F.gelu(x[..., :d], approximate="tanh")
-        return a * x[..., d:]
+        g, u = x[..., :d], x[..., d:]
+        if activation == "silu":
+            a = F.silu(g)
+        elif activation == "gelu_tanh":
+            a = F.gelu(g, approximate="tanh")
+        else:
+            g, u = g.clamp(max=7.0), u.clamp(-7.0, 7.0) + 1
+            a = g * torch.sigmoid(g * 1.702)
+        return a * u
 
+    compiled = torch.compile(native, dynamic=True)
+    if activation not in ("silu", "gelu_tanh"):
+        return compiled, None  # Liger-Kernel has no SwiGLU-OAI
     try:
         if activation == "silu":
             from liger_kernel.ops.swiglu import LigerSiLUMulFunction as Liger
         else:
             from liger_kernel.ops.geglu import LigerGELUMulFunction as Liger  # the tanh form
-
-        def liger(a, b):
-            return Liger.apply(a, b)
     except ImportError:
-        liger = None
-    return torch.compile(native, dynamic=True), liger
+        return compiled, None
+    return compiled, lambda a, b: Liger.apply(a, b)
 
 
 def act_mul_bench(out, copy_tbs, ms, log=print, activations=tuple(ACTIVATIONS), variants=None):
