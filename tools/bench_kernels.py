@@ -1063,7 +1063,8 @@ def act_variants():
         "w8": with_device(tile_values=2048, max_warps=8),
         "regs32": changed(with_device(), max_registers=32),  # 2048 resident threads an SM (35 registers: 1536)
         # run 25: a register cap above ptxas's own 32 lets it issue all of a thread's loads before the arithmetic
-        "uncapped": with_device(),  # the default's tile without its register cap (and join): the dispatch of run 24
+        # the dispatch's tile alone (no cap, no join, not GELU-tanh's issue-bound tile): run 24's default launch
+        "uncapped": with_device(),
         "regs40": changed(with_device(), max_registers=40),
         "regs48": changed(with_device(), max_registers=48),
         "regs64": changed(with_device(), max_registers=64),
